@@ -1,0 +1,5 @@
+import sys
+
+from cronstream.cli import main
+
+sys.exit(main())

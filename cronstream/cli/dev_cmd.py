@@ -1,0 +1,116 @@
+"""`cronstream dev`: the whole system in one command, with the examples and a live view."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
+
+from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.infra_cmds import initialise
+from cronstream.cli.view_cmds import fetch, runs_table
+from cronstream.client import Client, load_definitions
+from cronstream.infra import Infra
+
+
+def _examples_dir(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parents[2] / "examples"):
+        if candidate.is_dir():
+            return candidate
+    raise click.ClickException("no examples/ directory found; pass --examples DIR")
+
+
+def _spawn(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> subprocess.Popen[bytes]:
+    out = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115  (owned by the child)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cronstream", *args], env=env, stdout=out,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+
+
+def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout: float = 40.0) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@click.command()
+@click.option("--examples", "examples", help="Folder of example jobs (default ./examples).")
+@click.option("--workers", "n_workers", default=2, show_default=True, type=click.IntRange(1, 16))
+@click.option("--no-view", is_flag=True, help="No live view; just run until Ctrl-C.")
+@pass_state
+def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) -> None:
+    """Infra, init, all services, the example jobs and a live view; Ctrl-C stops all."""
+    settings = state.settings()
+    folder = _examples_dir(examples)
+    definitions = [d for f in sorted(folder.glob("*.yaml")) for d in load_definitions(f)]
+    infra = Infra.from_settings(settings)
+    started = infra.up(click.echo)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    log_dir = Path(os.environ.get("CRONSTREAM_DEV_LOGS", ".cronstream-dev"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        initialise(settings)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+        env["CRONSTREAM_DATABASE_URL"] = settings.database_url
+        env["CRONSTREAM_TOPIC_PREFIX"] = settings.topic_prefix
+        env.setdefault("CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS", "5")
+        procs["monitor"] = _spawn(["monitor"], env, log_dir, "monitor")
+        procs["scheduler"] = _spawn(["scheduler"], env, log_dir, "scheduler")
+        procs["dispatcher"] = _spawn(["dispatcher"], env, log_dir, "dispatcher")
+        imports = [p.stem for p in folder.glob("*.py")]
+        for i in range(1, n_workers + 1):
+            args = ["worker", "--worker-id", f"dev-worker-{i}"]
+            for module in imports:
+                args += ["--import", module]
+            procs[f"worker-{i}"] = _spawn(args, env, log_dir, f"worker-{i}")
+        with Client(settings) as client:
+            client.apply(definitions)
+        click.echo(f"applied {len(definitions)} example job(s) from {folder}; "
+                   f"service logs in {log_dir}/; Ctrl-C stops everything")
+        if no_view:
+            while all(p.poll() is None for p in procs.values()):
+                time.sleep(0.5)
+        else:
+            with Live(refresh_per_second=2, screen=False) as live:
+                while True:
+                    dead = [n for n, p in procs.items() if p.poll() is not None]
+                    header = Text(f"cronstream dev — {len(procs) - len(dead)}/{len(procs)} "
+                                  f"services up" + (f"; exited: {', '.join(dead)}" if dead else ""))
+                    try:
+                        rows = fetch(settings, "recent_executions", None, 20)
+                        live.update(Group(header, runs_table(rows)))
+                    except Exception as exc:  # the projection may not exist for a moment
+                        live.update(Group(header, Text(f"waiting for the monitor: {exc}")))
+                    time.sleep(1)
+    except KeyboardInterrupt:
+        click.echo("stopping ...")
+    finally:
+        stop_all(procs)
+        infra.down(click.echo, only=started)
+        codes = {n: p.returncode for n, p in procs.items()}
+        click.echo("stopped: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
+
+
+COMMANDS = [dev]

@@ -1,0 +1,127 @@
+"""Commands that change jobs: `apply`, `delete`, `pause`, `resume`, `trigger`, `preview`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from cronstream.cli.common import CliState, pass_state
+from cronstream.client import Client, DefinitionError, load_definitions
+from cronstream.shared.schedule import first_fire, upcoming
+
+
+def _load(path: str) -> list:  # type: ignore[type-arg]
+    try:
+        return load_definitions(path)
+    except DefinitionError as exc:
+        raise click.ClickException(f"nothing was sent:\n{exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from None
+
+
+@click.command()
+@click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
+              help="YAML or JSON file with one or many definitions.")
+@click.option("--dry-run", is_flag=True, help="Validate only.")
+@pass_state
+def apply(state: CliState, path: str, dry_run: bool) -> None:
+    """Validate every definition in FILE, then publish them (all or none)."""
+    definitions = _load(path)
+    if dry_run:
+        click.echo(f"{len(definitions)} valid definition(s); nothing sent (--dry-run)")
+        return
+    with Client(state.settings()) as client:
+        ids = client.apply(definitions)
+    for job_id in ids:
+        click.echo(f"applied {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@pass_state
+def delete(state: CliState, job_id: str) -> None:
+    """Delete a job (a tombstone on job-definitions)."""
+    with Client(state.settings()) as client:
+        client.delete(job_id)
+    click.echo(f"deleted {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@pass_state
+def pause(state: CliState, job_id: str) -> None:
+    """Stop firing a job until `resume` (fires meanwhile are skipped, not caught up)."""
+    with Client(state.settings()) as client:
+        try:
+            client.pause(job_id)
+        except DefinitionError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"paused {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@pass_state
+def resume(state: CliState, job_id: str) -> None:
+    """Fire a paused job again, from now on."""
+    with Client(state.settings()) as client:
+        try:
+            client.resume(job_id)
+        except DefinitionError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"resumed {job_id}")
+
+
+@click.command()
+@click.argument("job_id")
+@pass_state
+def trigger(state: CliState, job_id: str) -> None:
+    """Run a job now, outside its schedule (reason MANUAL)."""
+    with Client(state.settings()) as client:
+        try:
+            execution = client.trigger(job_id)
+        except DefinitionError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"triggered {job_id}: execution {execution}")
+
+
+def _parse_time(value: str | None) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no timezone (add Z or +HH:MM)")
+    return parsed.astimezone(UTC)
+
+
+@click.command()
+@click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--from", "start", help="Start time, ISO 8601 with offset (default now).")
+@click.option("--count", default=5, show_default=True, type=click.IntRange(1, 10_000))
+def preview(path: str, start: str | None, count: int) -> None:
+    """The next fire times of each definition, in UTC and in its own timezone, computed
+    by the scheduler's own code."""
+    after = _parse_time(start)
+    for definition in _load(path):
+        click.echo(f"{definition.job_id} ({definition.type}, {definition.timezone}):")
+        if definition.type == "DEPENDENT":
+            click.echo("  runs when its upstreams finish: " + ", ".join(definition.depends_on))
+            continue
+        if definition.type == "ONE_TIME":
+            first = first_fire(definition, after, None)
+            fires = [first] if first else []
+        else:
+            fires = upcoming(definition, after, count)
+        if not fires:
+            click.echo("  no fires")
+        for fire in fires:
+            local = fire.astimezone(definition.zone)
+            click.echo(f"  {fire.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z  "
+                       f"{local.isoformat(timespec='seconds')} {local.tzname()}")
+
+
+COMMANDS = [apply, delete, pause, resume, trigger, preview]

@@ -1,0 +1,1 @@
+"""Deployment assets, packaged so `cronstream infra` finds the local broker configuration."""

@@ -1,0 +1,191 @@
+"""The dispatcher: turns a due job into a queued execution.
+
+Consumes `job-due` and `execution-events` in one group with the range assignor, so
+partition i of both topics (same partition count, both keyed by job_id) lands on the
+same instance: the events it sees are those of the jobs it dispatches. Each batch is one
+consume-transform-produce transaction: the QUEUED events, the work records and the
+consumed offsets commit together or not at all (KIP-447 fencing through the group
+metadata), so a JobDue is queued exactly once even if a dispatcher dies mid-batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from functools import partial
+from uuid import UUID, uuid4
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.kafka import (
+    ConsumerThread,
+    OutRecord,
+    TransactionAborted,
+    TransactionalProducer,
+    consumer_config,
+    dead_letter,
+    ensure_topics,
+    log_consumer_error,
+    producer_config,
+)
+from cronstream.shared.logs import log
+from cronstream.shared.records import ExecutionEvent, JobDue, now_utc
+from cronstream.shared.settings import Settings, default_worker_id
+from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "dispatcher"
+SEEN_LIMIT = 1_000_000
+
+
+class DispatcherService:
+    name = SERVICE
+
+    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.instance = instance or default_worker_id()
+        # (execution_id, delivery) already queued by this instance; bounded LRU.
+        self._seen: OrderedDict[tuple[UUID, int], None] = OrderedDict()
+        self._queues: set[str] = set()
+        self._consumer: ConsumerThread | None = None
+        self._producer: TransactionalProducer | None = None
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        conf = consumer_config(
+            self.settings, f"dispatcher-{self.instance}", f"{self.topics.prefix}dispatcher",
+            **{"partition.assignment.strategy": "range"},
+        )
+        consumer = self._consumer = ConsumerThread(conf, "dispatcher")
+        tid = f"{self.topics.prefix}dispatcher-{self.instance}"
+        producer = self._producer = TransactionalProducer(
+            producer_config(self.settings, f"dispatcher-{self.instance}", transactional_id=tid))
+        await loop.run_in_executor(None, producer.init)
+        await loop.run_in_executor(None, self._known_queues)
+        await consumer.call(
+            lambda: consumer.consumer.subscribe(
+                [self.topics.job_due, self.topics.execution_events], on_revoke=self._on_revoke)
+        )
+        log(logger, "dispatcher_started", instance=self.instance)
+        try:
+            while not stopping.is_set():
+                messages = await consumer.consume(2000, 0.1)
+                if messages:
+                    await self._process(messages)
+        finally:
+            await consumer.close()
+            await loop.run_in_executor(None, producer.close)
+
+    def _known_queues(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from cronstream.shared.kafka import client_config
+
+        admin = AdminClient(client_config(self.settings, "dispatcher-admin"))
+        prefix = f"{self.topics.prefix}work."
+        for name in admin.list_topics(timeout=30).topics:
+            if name.startswith(prefix):
+                self._queues.add(name[len(prefix):].split(".", 1)[1])
+
+    async def _process(self, messages: list[Message]) -> None:
+        assert self._consumer is not None and self._producer is not None
+        records: list[OutRecord] = []
+        offsets: dict[tuple[str, int], int] = {}
+        new_queues: set[str] = set()
+        added: list[tuple[UUID, int]] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                log_consumer_error("dispatcher", err)
+                continue
+            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            if msg.topic() != self.topics.job_due:
+                continue  # execution-events: the state concurrency policies need (later)
+            try:
+                due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
+            except DecodeError as exc:
+                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+                continue
+            seen_key = (due.execution_id, due.delivery)
+            if seen_key in self._seen:
+                log(logger, "duplicate_due_dropped", job_id=due.job_id,
+                    execution_id=str(due.execution_id), delivery=due.delivery)
+                continue
+            self._remember(seen_key)
+            added.append(seen_key)
+            if due.job.queue not in self._queues:
+                new_queues.add(due.job.queue)
+            records.extend(self._queue(due, msg))
+        if new_queues:
+            specs = self.topics.work_specs(sorted(new_queues))
+            await asyncio.get_running_loop().run_in_executor(
+                None, ensure_topics, self.settings, specs)
+            self._queues |= new_queues
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                None,
+                partial(self._producer.commit_records, records, tps,
+                        self._consumer.consumer.consumer_group_metadata),
+            )
+        except (TransactionAborted, KafkaException) as exc:
+            # Nothing of the batch is visible: forget it and read it again.
+            log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc))
+            for key in added:
+                self._seen.pop(key, None)
+            await self._consumer.call(self._rewind, list(offsets))
+            return
+        if added:
+            log(logger, "executions_queued", logging.DEBUG, count=len(added))
+
+    def _queue(self, due: JobDue, msg: Message) -> list[OutRecord]:
+        now = now_utc()
+        event = ExecutionEvent(
+            event_id=uuid4(),
+            execution_id=due.execution_id,
+            job_id=due.job_id,
+            run_id=due.run_id,
+            status="QUEUED",
+            attempt_number=due.attempt_number,
+            scheduled_at=due.scheduled_at,
+            occurred_at=now,
+            delivery=due.delivery,
+            priority=due.job.priority,
+            queue=due.job.queue,
+        )
+        parent = traceparent_of(msg.headers())
+        key = due.job_id.encode()
+        return [
+            OutRecord(self.topics.execution_events, key, event.to_json(),
+                      trace_headers(child_traceparent(parent))),
+            # The work record is the JobDue itself, byte for byte.
+            OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(),
+                      trace_headers(child_traceparent(parent))),
+        ]
+
+    def _remember(self, key: tuple[UUID, int]) -> None:
+        self._seen[key] = None
+        if len(self._seen) > SEEN_LIMIT:
+            self._seen.popitem(last=False)
+
+    def _rewind(self, partitions: list[tuple[str, int]]) -> None:
+        """Seek the given partitions back to their committed offsets."""
+        assert self._consumer is not None
+        consumer = self._consumer.consumer
+        committed = consumer.committed([TopicPartition(t, p) for t, p in partitions], 10.0)
+        for tp in committed:
+            tp.offset = tp.offset if tp.offset >= 0 else -2
+            try:
+                consumer.seek(tp)
+            except KafkaException as exc:
+                log(logger, "rewind_failed", logging.WARNING, topic=tp.topic,
+                    partition=tp.partition, error=str(exc))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Each batch is committed before the next consume(), so nothing is in flight here.
+        log(logger, "partitions_revoked", count=len(partitions))

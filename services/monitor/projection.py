@@ -1,0 +1,157 @@
+"""Folding a batch of execution events into one row patch per execution.
+
+The same transition guard as the SQL upsert (queries.sql `upsert_executions`) applies
+inside the batch, so the fold and the database agree:
+- a terminal status is final: later events of that execution change nothing;
+- an event of an older delivery than the patch's is stale and ignored;
+- an event of a newer delivery (after a requeue) resets the run fields.
+
+Worked example, one batch for execution E (delivery d):
+    RUNNING(d=1, w1)  PROGRESS(d=1, 40%)  REQUEUED(d=2)  RUNNING(d=2, w2)  COMPLETED(d=1, w1)
+    → status RUNNING, delivery 2, worker w2, progress None: the zombie's COMPLETED is stale.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent, Heartbeat
+
+
+@dataclass(slots=True)
+class ExecutionPatch:
+    execution_id: UUID
+    job_id: str
+    run_id: UUID
+    status: str
+    scheduled_at: datetime
+    attempt_number: int
+    delivery: int
+    updated_at: datetime
+    last_event: str
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    worker_id: str | None = None
+    error_message: str | None = None
+    result: str | None = None  # JSON text
+    progress: float | None = None
+    progress_message: str | None = None
+    priority: str | None = None
+    queue: str | None = None
+
+    @classmethod
+    def start(cls, event: ExecutionEvent) -> ExecutionPatch:
+        patch = cls(
+            execution_id=event.execution_id, job_id=event.job_id, run_id=event.run_id,
+            status="RUNNING", scheduled_at=event.scheduled_at,
+            attempt_number=event.attempt_number, delivery=event.delivery,
+            updated_at=event.occurred_at, last_event=event.status,
+        )
+        patch.apply(event)
+        return patch
+
+    def accepts(self, event: ExecutionEvent) -> bool:
+        return self.status not in TERMINAL_STATUSES and event.delivery >= self.delivery
+
+    def apply(self, event: ExecutionEvent) -> None:
+        if event.delivery > self.delivery:
+            self.started_at = self.worker_id = self.progress_message = None
+            self.progress = None
+        self.delivery = event.delivery
+        self.last_event = event.status
+        self.updated_at = event.occurred_at
+        status = event.status
+        if status == "QUEUED":
+            self.status = "QUEUED"
+            self.queued_at = event.occurred_at
+            self.priority = event.priority or self.priority
+            self.queue = event.queue or self.queue
+        elif status == "REQUEUED":
+            self.status = "QUEUED"
+            self.started_at = self.worker_id = self.progress_message = None
+            self.progress = None
+        elif status == "RUNNING":
+            self.status = "RUNNING"
+            self.started_at = event.started_at or event.occurred_at
+            self.worker_id = event.worker_id
+        elif status == "PROGRESS":
+            if self.status not in ("RUNNING",):
+                self.status = "RUNNING"
+            self.progress = event.progress
+            self.progress_message = event.progress_message
+            self.worker_id = event.worker_id or self.worker_id
+            self.started_at = self.started_at or event.started_at
+        else:  # AWAITING_APPROVAL and the terminal statuses
+            self.status = status
+            if status in TERMINAL_STATUSES:
+                self.completed_at = event.completed_at or event.occurred_at
+            self.worker_id = event.worker_id or self.worker_id
+            self.started_at = self.started_at or event.started_at
+        if event.error_message is not None:
+            self.error_message = event.error_message
+        if event.result is not None:
+            self.result = json.dumps(event.result, separators=(",", ":"))
+        if status not in ("PROGRESS", "REQUEUED") and event.progress is not None:
+            self.progress = event.progress
+
+
+def fold(events: list[ExecutionEvent]) -> dict[UUID, ExecutionPatch]:
+    patches: dict[UUID, ExecutionPatch] = {}
+    for event in events:
+        patch = patches.get(event.execution_id)
+        if patch is None:
+            patches[event.execution_id] = ExecutionPatch.start(event)
+        elif patch.accepts(event):
+            patch.apply(event)
+    return patches
+
+
+_PATCH_COLUMNS = (
+    "execution_id", "job_id", "run_id", "status", "scheduled_at", "queued_at", "started_at",
+    "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
+    "progress", "progress_message", "priority", "queue", "last_event", "updated_at",
+)
+
+
+def patch_arrays(patches: list[ExecutionPatch]) -> list[list[Any]]:
+    """Column arrays for `upsert_executions` (one array per column, same order)."""
+    return [[getattr(p, c) for p in patches] for c in _PATCH_COLUMNS]
+
+
+def event_arrays(rows: list[tuple[ExecutionEvent, int, int]]) -> list[list[Any]]:
+    """Column arrays for `insert_events` from (event, partition, offset)."""
+    columns: list[list[Any]] = [[] for _ in range(18)]
+    for event, partition, offset in rows:
+        values = (
+            event.event_id, event.execution_id, event.job_id, event.run_id, event.status,
+            event.attempt_number, event.delivery, event.scheduled_at, event.occurred_at,
+            event.worker_id, event.started_at, event.completed_at, event.error_message,
+            None if event.result is None else json.dumps(event.result, separators=(",", ":")),
+            event.progress, event.progress_message, partition, offset,
+        )
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return columns
+
+
+def heartbeat_arrays(beats: list[Heartbeat]) -> list[list[Any]]:
+    latest: dict[str, Heartbeat] = {}
+    for beat in beats:
+        known = latest.get(beat.worker_id)
+        if known is None or beat.sent_at >= known.sent_at:
+            latest[beat.worker_id] = beat
+    rows = list(latest.values())
+    return [
+        [b.worker_id for b in rows],
+        [b.hostname for b in rows],
+        [b.status for b in rows],
+        [b.sent_at for b in rows],
+        [",".join(str(r) for r in b.running) for b in rows],
+        [b.capacity for b in rows],
+        [",".join(b.queues) for b in rows],
+    ]

@@ -1,0 +1,306 @@
+"""The leader's clock: every job's next fire, pending retries, and a timer heap.
+
+Pure logic, no Kafka: the leader feeds it definitions, state and retry records, asks it
+for a `FirePlan` when something is due, commits the plan's records in one transaction,
+and only then calls `commit(plan)`; an aborted plan is `restore`d. So the in-memory
+clock never runs ahead of what Kafka holds.
+
+Misfires (a fire found late by more than `misfire_grace_seconds`, e.g. after an outage
+or a failover):
+- FIRE_ONCE: fire the first missed instant once, then continue after now;
+- FIRE_ALL: fire every missed instant, oldest first, `limit` per plan;
+- SKIP: fire nothing for the missed instants, continue after now.
+A fire late by less than the grace is simply fired.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from cronstream.shared.ids import execution_id, idempotency_key, run_id
+from cronstream.shared.logs import log
+from cronstream.shared.records import (
+    JobDefinition,
+    JobDue,
+    JobSnapshot,
+    RetryRequest,
+    SchedulerState,
+)
+from cronstream.shared.schedule import first_fire, next_fire
+from cronstream.shared.schedule import from_epoch_ms as from_ms
+from cronstream.shared.schedule import to_epoch_ms as to_ms
+
+logger = logging.getLogger(__name__)
+
+_JOB, _RETRY = 0, 1
+
+
+@dataclass(slots=True)
+class JobClock:
+    """One job as the leader knows it. The definition is parsed lazily: at takeover a
+    job whose stored state matches its definition needs no parsing until it fires."""
+
+    job_id: str
+    offset: int
+    raw: bytes
+    observed_ms: int = 0  # Kafka timestamp of the definition record
+    next_fire_ms: int | None = None
+    last_fire_ms: int | None = None
+    _definition: JobDefinition | None = None
+    _snapshot: JobSnapshot | None = None
+
+    @property
+    def definition(self) -> JobDefinition:
+        if self._definition is None:
+            self._definition = JobDefinition.model_validate_json(self.raw)
+        return self._definition
+
+    @property
+    def snapshot(self) -> JobSnapshot:
+        if self._snapshot is None:
+            self._snapshot = JobSnapshot.of(self.definition)
+        return self._snapshot
+
+    def state(self) -> SchedulerState:
+        return SchedulerState(
+            job_id=self.job_id,
+            definition_offset=self.offset,
+            next_fire_at=None if self.next_fire_ms is None else from_ms(self.next_fire_ms),
+            last_fire_at=None if self.last_fire_ms is None else from_ms(self.last_fire_ms),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """A record for the scheduler-state topic: the new state, or None for a tombstone."""
+
+    job_id: str
+    state: SchedulerState | None
+
+
+@dataclass(slots=True)
+class FirePlan:
+    """Everything one transaction commits: due jobs, fired retries, new job states."""
+
+    dues: list[JobDue] = field(default_factory=list)
+    fired_retries: list[UUID] = field(default_factory=list)
+    states: list[StateChange] = field(default_factory=list)
+    skipped: int = 0
+    # (job_id, next_fire_ms, last_fire_ms) to apply on commit; heap entries to restore.
+    _updates: list[tuple[str, int | None, int | None]] = field(default_factory=list)
+    _popped: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.dues or self.fired_retries or self.states)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobClock] = {}
+        self.retries: dict[UUID, RetryRequest] = {}
+        self._state: dict[str, SchedulerState] = {}
+        self._heap: list[tuple[int, int, str]] = []
+
+    # -- takeover -------------------------------------------------------------------
+
+    def load_state(self, job_id: str, state: SchedulerState | None) -> None:
+        if state is None:
+            self._state.pop(job_id, None)
+        else:
+            self._state[job_id] = state
+
+    def load_definition(self, job_id: str, raw: bytes | None, offset: int, observed_ms: int) -> None:
+        """Replay one job-definitions record during takeover (no validation here: the
+        caller validates records the group has not processed yet)."""
+        if raw is None:
+            self.jobs.pop(job_id, None)
+        else:
+            self.jobs[job_id] = JobClock(job_id, offset, raw, observed_ms)
+
+    def reconcile(self) -> list[StateChange]:
+        """After replay: trust stored state where it matches the definition, recompute
+        the rest, drop state of deleted jobs. Returns the state records to write.
+
+        A job whose state is missing or stale fires from its definition record's Kafka
+        timestamp, which every leader reads alike.
+        """
+        changes: list[StateChange] = []
+        for job_id, job in self.jobs.items():
+            state = self._state.get(job_id)
+            if state is not None and state.definition_offset == job.offset:
+                job.next_fire_ms = None if state.next_fire_at is None else to_ms(state.next_fire_at)
+                job.last_fire_ms = None if state.last_fire_at is None else to_ms(state.last_fire_at)
+            else:
+                last = state.last_fire_at if state is not None else None
+                job.last_fire_ms = None if last is None else to_ms(last)
+                self._compute_first(job)
+                changes.append(StateChange(job_id, job.state()))
+            self._schedule(job)
+        for job_id in [j for j in self._state if j not in self.jobs]:
+            changes.append(StateChange(job_id, None))
+        self._state.clear()  # only needed during takeover
+        return changes
+
+    def _compute_first(self, job: JobClock) -> None:
+        """Set the job's next fire from its definition. A definition that does not
+        validate suspends the job (no next fire) until a valid one replaces it."""
+        job.next_fire_ms = None
+        try:
+            definition = job.definition
+        except ValidationError as exc:
+            log(logger, "definition_invalid_job_suspended", logging.WARNING, job_id=job.job_id,
+                offset=job.offset, error=str(exc.errors(include_url=False)[:1]))
+            return
+        if not definition.enabled or definition.type == "DEPENDENT":
+            return
+        last = None if job.last_fire_ms is None else from_ms(job.last_fire_ms)
+        fire = first_fire(definition, from_ms(job.observed_ms), last)
+        job.next_fire_ms = None if fire is None else to_ms(fire)
+
+    # -- live updates ---------------------------------------------------------------
+
+    def apply_definition(
+        self, job_id: str, definition: JobDefinition | None, raw: bytes | None,
+        offset: int, observed_ms: int,
+    ) -> StateChange:
+        """A new, updated or deleted (None) definition; takes effect at its next fire.
+        An invalid one (`raw` given, `definition` None) suspends the job."""
+        if raw is None:
+            self.jobs.pop(job_id, None)
+            return StateChange(job_id, None)
+        previous = self.jobs.get(job_id)
+        job = JobClock(job_id, offset, raw, observed_ms, _definition=definition)
+        if previous is not None:
+            job.last_fire_ms = previous.last_fire_ms
+        self.jobs[job_id] = job
+        if definition is None:
+            job.next_fire_ms = None
+        else:
+            self._compute_first(job)
+        self._schedule(job)
+        return StateChange(job_id, job.state())
+
+    def add_retry(self, request: RetryRequest) -> None:
+        self.retries[request.execution_id] = request
+        heapq.heappush(self._heap, (to_ms(request.due_at), _RETRY, str(request.execution_id)))
+
+    def cancel_retry(self, key: UUID) -> None:
+        self.retries.pop(key, None)
+
+    def _schedule(self, job: JobClock) -> None:
+        if job.next_fire_ms is not None:
+            heapq.heappush(self._heap, (job.next_fire_ms, _JOB, job.job_id))
+
+    # -- firing ---------------------------------------------------------------------
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest live timer is due (stale heap entries are discarded)."""
+        while self._heap:
+            due, kind, key = self._heap[0]
+            if self._live(due, kind, key):
+                return due
+            heapq.heappop(self._heap)
+        return None
+
+    def _live(self, due: int, kind: int, key: str) -> bool:
+        if kind == _JOB:
+            job = self.jobs.get(key)
+            return job is not None and job.next_fire_ms == due
+        request = self.retries.get(UUID(key))
+        return request is not None and to_ms(request.due_at) == due
+
+    def plan(self, now_ms: int, limit: int = 5000) -> FirePlan:
+        """Pop what is due at `now_ms` (at most ~`limit` fires) into one plan."""
+        plan = FirePlan()
+        seen: set[tuple[int, str]] = set()
+        while self._heap and len(plan.dues) < limit:
+            due, kind, key = self._heap[0]
+            if due > now_ms:
+                break
+            entry = heapq.heappop(self._heap)
+            if not self._live(due, kind, key) or (kind, key) in seen:
+                continue
+            seen.add((kind, key))
+            plan._popped.append(entry)
+            if kind == _RETRY:
+                request = self.retries[UUID(key)]
+                plan.dues.append(request.job_due())
+                plan.fired_retries.append(request.execution_id)
+            else:
+                self._plan_job(self.jobs[key], now_ms, plan, limit)
+        return plan
+
+    def _plan_job(self, job: JobClock, now_ms: int, plan: FirePlan, limit: int) -> None:
+        definition = job.definition
+        assert job.next_fire_ms is not None
+        due = from_ms(job.next_fire_ms)
+        now = from_ms(now_ms)
+        late = (now_ms - job.next_fire_ms) / 1000 > definition.misfire_grace_seconds
+        fires: list[datetime] = []
+        if not late:
+            fires.append(due)
+            following = next_fire(definition, due)
+        elif definition.misfire_policy == "FIRE_ALL":
+            t: datetime | None = due
+            while t is not None and t <= now and len(plan.dues) + len(fires) < limit:
+                fires.append(t)
+                t = next_fire(definition, t)
+            following = t
+        else:
+            if definition.misfire_policy == "FIRE_ONCE":
+                fires.append(due)
+            else:
+                plan.skipped += 1
+            following = next_fire(definition, now)
+        if late:
+            log(logger, "misfire", logging.WARNING, job_id=job.job_id,
+                policy=definition.misfire_policy, due=due.isoformat(), fired=len(fires))
+        for fire in fires:
+            plan.dues.append(self._due(job, fire))
+        last_ms = to_ms(fires[-1]) if fires else job.last_fire_ms
+        next_ms = None if following is None else to_ms(following)
+        plan._updates.append((job.job_id, next_ms, last_ms))
+        plan.states.append(StateChange(job.job_id, SchedulerState(
+            job_id=job.job_id, definition_offset=job.offset,
+            next_fire_at=following, last_fire_at=None if last_ms is None else from_ms(last_ms),
+        )))
+
+    @staticmethod
+    def _due(job: JobClock, fire: datetime) -> JobDue:
+        snapshot = job.snapshot
+        return JobDue(
+            execution_id=execution_id(job.job_id, fire, 1),
+            job_id=job.job_id,
+            run_id=run_id(job.job_id, fire),
+            scheduled_at=fire,
+            attempt_number=1,
+            reason="SCHEDULE",
+            idempotency_key=idempotency_key(job.job_id, fire, snapshot.params),
+            job=snapshot,
+        )
+
+    def commit(self, plan: FirePlan) -> None:
+        """The plan's transaction committed: advance the clock."""
+        for job_id, next_ms, last_ms in plan._updates:
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            job.next_fire_ms, job.last_fire_ms = next_ms, last_ms
+            self._schedule(job)
+        for key in plan.fired_retries:
+            self.retries.pop(key, None)
+
+    def restore(self, plan: FirePlan) -> None:
+        """The plan's transaction aborted: put its timers back as they were."""
+        for entry in plan._popped:
+            heapq.heappush(self._heap, entry)
+
+    def __iter__(self) -> Iterator[JobClock]:
+        return iter(self.jobs.values())

@@ -1,0 +1,373 @@
+"""The scheduler leader: takeover, then the transactional fire loop.
+
+Takeover, in this order (docs/decisions/0002-scheduler-election-and-fencing.md):
+1. `init_transactions()` on the fixed transactional.id: fences any previous leader, and
+   completes or aborts its open transaction, so what follows reads a settled log.
+2. Read `scheduler-state` to its end: every job's stored next fire.
+3. Replay `job-definitions` from offset 0 through the election consumer (which then
+   stays on it). Records below the group's committed offset were processed by an
+   earlier leader; the rest are validated now, the bad ones dead-lettered.
+4. Reconcile: where a job's state was computed from its current definition, trust its
+   next fire (no cron evaluation); recompute the others.
+5. Read `retries` to its end: the pending retry timers.
+6. Commit the reconciled state, dead letters and the definitions offset in one
+   transaction; then fire.
+
+Each round of the fire loop commits, in one transaction: the JobDue records of every
+timer due now, the new state of each fired job, tombstones of fired retries, the
+effects of newly read definitions and the consumer offset of those definitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+from uuid import UUID
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
+from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.kafka import (
+    ConsumerThread,
+    OutRecord,
+    ProducerFenced,
+    TransactionalProducer,
+    dead_letter,
+    log_consumer_error,
+    producer_config,
+    read_to_end,
+    reader_config,
+)
+from cronstream.shared.logs import log
+from cronstream.shared.records import JobDefinition, RetryRequest, SchedulerState
+from cronstream.shared.settings import Settings
+from cronstream.shared.telemetry import new_traceparent, trace_headers
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "scheduler"
+FIRE_LIMIT = 5000  # fires per transaction; a larger backlog takes several rounds
+
+
+def time_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Leader:
+    """One term of leadership. Created on assignment of partition 0, stopped on revoke."""
+
+    def __init__(self, settings: Settings, election: ConsumerThread, instance: str) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.election = election
+        self.instance = instance
+        self.clock = Clock()
+        self.failed: BaseException | None = None
+        self.fenced = False
+        self.ready = asyncio.Event()
+        self._active = True
+        self._loading = True
+        self._committed_offset = 0
+        self._unprocessed: list[Message] = []
+        self._pending_defs: list[Message] = []
+        self._pending_retry_fixes: list[OutRecord] = []
+        self._caught_up = asyncio.Event()
+        self._state_loaded = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._txn_lock = asyncio.Lock()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-txn")
+        self._producer: TransactionalProducer | None = None
+        self._retries_reader: ConsumerThread | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._run(), name="scheduler-leader"))
+
+    async def stop(self) -> None:
+        """Stop acting: after this returns no transaction of this term is in flight."""
+        self._active = False
+        self._wake.set()
+        self._caught_up.set()
+        self._state_loaded.set()
+        async with self._txn_lock:
+            for task in self._tasks:
+                task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._retries_reader is not None:
+            await self._retries_reader.close()
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await asyncio.get_running_loop().run_in_executor(self._io, producer.close)
+        self._io.shutdown(wait=True)
+
+    @property
+    def active(self) -> bool:
+        return self._active and self.failed is None
+
+    # -- definitions, fed by the service's election loop ------------------------------
+
+    def feed(self, messages: list[Message]) -> None:
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if self._loading:
+                        self._caught_up.set()
+                else:
+                    log_consumer_error("election", err)
+                continue
+            if self._loading:
+                self._load_definition(msg)
+            else:
+                self._pending_defs.append(msg)
+        if self._pending_defs:
+            self._wake.set()
+
+    def _load_definition(self, msg: Message) -> None:
+        try:
+            job_id = decode_key(msg.key())
+        except DecodeError as exc:
+            if msg.offset() >= self._committed_offset:
+                self._pending_retry_fixes.append(
+                    dead_letter(self.topics, msg, str(exc), SERVICE))
+            return
+        self.clock.load_definition(job_id, msg.value(), msg.offset(), _timestamp(msg))
+        if msg.offset() >= self._committed_offset:
+            self._unprocessed.append(msg)
+
+    # -- takeover -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._take_over()
+            await self._fire_loop()
+        except ProducerFenced as exc:
+            self.fenced = True
+            self.failed = exc
+            log(logger, "leader_fenced", logging.WARNING, instance=self.instance, error=str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = exc
+            logger.exception("leader failed", extra={"action": "leader_failed"})
+
+    async def _io_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def _take_over(self) -> None:
+        started = time.monotonic()
+        tid = f"{self.topics.prefix}scheduler-leader"
+        self._producer = TransactionalProducer(
+            producer_config(self.settings, f"scheduler-{self.instance}", transactional_id=tid)
+        )
+        await self._io_call(self._producer.init)
+        log(logger, "leader_fenced_predecessor", instance=self.instance, transactional_id=tid)
+
+        def load_state(messages: list[Message]) -> None:
+            for msg in messages:
+                job_id = msg.key().decode("utf-8", "replace") if msg.key() else ""
+                value = msg.value()
+                try:
+                    state = None if value is None else SchedulerState.model_validate_json(value)
+                except ValueError:
+                    state = None  # our own topic; an unreadable state is recomputed
+                self.clock.load_state(job_id, state)
+
+        state_reader = ConsumerThread(reader_config(self.settings, "scheduler-state"), "state")
+        try:
+            await read_to_end(state_reader, [TopicPartition(self.topics.scheduler_state, 0)],
+                              load_state)
+        finally:
+            await state_reader.close()
+
+        tp = TopicPartition(self.topics.job_definitions, 0)
+        committed = await self.election.call(self.election.consumer.committed, [tp], 10.0)
+        self._committed_offset = max(committed[0].offset, 0)
+        # The election consumer paused partition 0 on assignment; replay starts now,
+        # from the beginning (a later term of the same assignment must rewind).
+        await self.election.call(self._rewind, tp)
+        await self._caught_up.wait()
+        if not self._active:
+            return
+
+        retries: dict[bytes, Message] = {}
+        self._retries_reader = ConsumerThread(reader_config(self.settings, "scheduler-retries"),
+                                              "retries")
+        await read_to_end(
+            self._retries_reader, [TopicPartition(self.topics.retries, 0)],
+            lambda msgs: retries.update({m.key() or b"": m for m in msgs}),
+        )
+        for msg in retries.values():
+            if msg.value() is not None:
+                self._apply_retry(msg)
+
+        records: list[OutRecord] = []
+        last_offset = -1
+        for msg in self._unprocessed:
+            last_offset = max(last_offset, msg.offset())
+            if msg.value() is None:
+                continue
+            try:
+                decode(JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
+            except DecodeError as exc:
+                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+        self._unprocessed.clear()
+        records += [self._state_record(c) for c in self.clock.reconcile()]
+        records += self._pending_retry_fixes
+        self._pending_retry_fixes = []
+        offsets = [TopicPartition(tp.topic, 0, last_offset + 1)] if last_offset >= 0 else None
+        await self._commit(records, offsets)
+        self._loading = False
+        self.ready.set()
+        self._tasks.append(asyncio.create_task(self._consume_retries(), name="scheduler-retries"))
+        log(logger, "leader_ready", instance=self.instance, jobs=len(self.clock.jobs),
+            retries=len(self.clock.retries), takeover_seconds=round(time.monotonic() - started, 3))
+
+    def _rewind(self, tp: TopicPartition) -> None:
+        consumer = self.election.consumer
+        consumer.pause([tp])
+        try:
+            consumer.seek(TopicPartition(tp.topic, 0, -2))  # -2: OFFSET_BEGINNING
+        except KafkaException as exc:
+            # Not fetching yet (first term): the assignment already starts at 0.
+            log(logger, "definitions_rewind_skipped", logging.DEBUG, error=str(exc))
+        consumer.resume([tp])
+
+    # -- retries --------------------------------------------------------------------
+
+    def _apply_retry(self, msg: Message) -> None:
+        try:
+            key = UUID(decode_key(msg.key()))
+        except (DecodeError, ValueError):
+            self._pending_retry_fixes.append(
+                dead_letter(self.topics, msg, "key is not an execution id", SERVICE))
+            return
+        if msg.value() is None:
+            self.clock.cancel_retry(key)
+            return
+        try:
+            request = decode(RetryRequest, msg.value(), key=msg.key(), key_field="execution_id")
+        except DecodeError as exc:
+            # Dead-letter it and tombstone the key, so no later leader sees it again.
+            self._pending_retry_fixes.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+            self._pending_retry_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
+            return
+        self.clock.add_retry(request)
+
+    async def _consume_retries(self) -> None:
+        assert self._retries_reader is not None
+        while self._active:
+            messages = await self._retries_reader.consume(1000, 0.1)
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    log_consumer_error("retries", err)
+                    continue
+                self._apply_retry(msg)
+            if messages:
+                self._wake.set()
+
+    # -- firing ---------------------------------------------------------------------
+
+    async def _fire_loop(self) -> None:
+        while self._active:
+            now = time_ms()
+            due = self.clock.next_due_ms()
+            if (not self._pending_defs and not self._pending_retry_fixes
+                    and (due is None or due > now)):
+                timeout = 1.0 if due is None else min(1.0, (due - now) / 1000)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            await self._round(now)
+
+    def _definition_records(self, msgs: list[Message]) -> list[OutRecord]:
+        records: list[OutRecord] = []
+        for msg in msgs:
+            try:
+                job_id = decode_key(msg.key())
+            except DecodeError as exc:
+                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+                continue
+            value = msg.value()
+            definition = None
+            if value is not None:
+                try:
+                    definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
+                except DecodeError as exc:
+                    records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+            change = self.clock.apply_definition(
+                job_id, definition, value, msg.offset(), _timestamp(msg))
+            records.append(self._state_record(change))
+            next_fire = change.state.next_fire_at if change.state else None
+            log(logger, "definition_applied" if value is not None else "definition_deleted",
+                job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,
+                next_fire_at=next_fire.isoformat() if next_fire else None)
+        return records
+
+    async def _round(self, now_ms: int) -> None:
+        async with self._txn_lock:
+            if not self._active:
+                return
+            defs, self._pending_defs = self._pending_defs, []
+            records = self._definition_records(defs)
+            records += self._pending_retry_fixes
+            self._pending_retry_fixes = []
+            offsets = None
+            if defs:
+                offsets = [TopicPartition(self.topics.job_definitions, 0, defs[-1].offset() + 1)]
+            plan = self.clock.plan(now_ms, FIRE_LIMIT)
+            records += self._plan_records(plan)
+            try:
+                await self._commit(records, offsets)
+            except BaseException:
+                self.clock.restore(plan)
+                raise
+            self.clock.commit(plan)
+            if plan.dues:
+                lags = [now_ms - int(d.scheduled_at.timestamp() * 1000) for d in plan.dues]
+                log(logger, "jobs_fired", fired=len(plan.dues), max_lag_ms=max(lags),
+                    first_job_id=plan.dues[0].job_id,
+                    first_scheduled_at=plan.dues[0].scheduled_at.isoformat())
+
+    def _plan_records(self, plan: FirePlan) -> list[OutRecord]:
+        records = [
+            OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+                      trace_headers(new_traceparent()))
+            for due in plan.dues
+        ]
+        records += [self._state_record(c) for c in plan.states]
+        records += [OutRecord(self.topics.retries, str(k).encode(), None) for k in plan.fired_retries]
+        return records
+
+    def _state_record(self, change: StateChange) -> OutRecord:
+        value = None if change.state is None else change.state.to_json()
+        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), value)
+
+    async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
+        if not records and not offsets:
+            return
+        assert self._producer is not None
+        await self._io_call(
+            partial(self._producer.commit_records, records, offsets, self._group_metadata))
+
+    def _group_metadata(self) -> Any:
+        return self.election.consumer.consumer_group_metadata()
+
+
+def _timestamp(msg: Message) -> int:
+    kind, ts = msg.timestamp()
+    return ts if kind and ts > 0 else int(datetime.now(UTC).timestamp() * 1000)

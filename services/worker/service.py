@@ -1,0 +1,430 @@
+"""The worker: takes executions from the work topics of its queues and runs them.
+
+The poll loop never blocks on a handler. Each turn it:
+1. consumes into a bounded local buffer per priority tier (pausing every partition
+   while the buffer is full, resuming when it drains);
+2. picks what to start, highest tier first, up to the free slots;
+3. commits one transaction holding the RUNNING events of those starts together with
+   their consumed offsets, plus the events of executions that finished meanwhile
+   (and, for failures with attempts left, their RetryRequests);
+4. only then starts the handlers. An aborted transaction starts nothing: the consumer
+   rewinds and the records are read again (by this worker or the partition's next
+   owner), so an execution is RUNNING on at most one worker per delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any, Protocol
+from uuid import UUID, uuid4
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from cronstream.services.worker.runner import Outcome
+from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.kafka import (
+    ConsumerThread,
+    IdempotentProducer,
+    OutRecord,
+    ProducerFenced,
+    TransactionAborted,
+    TransactionalProducer,
+    consumer_config,
+    dead_letter,
+    ensure_topics,
+    log_consumer_error,
+    producer_config,
+)
+from cronstream.shared.lifecycle import wait_or_stop
+from cronstream.shared.logs import log
+from cronstream.shared.records import (
+    PRIORITIES,
+    ExecutionEvent,
+    ExecutionStatus,
+    Heartbeat,
+    JobDue,
+    now_utc,
+)
+from cronstream.shared.retry import attempts_left, next_attempt
+from cronstream.shared.settings import Settings
+from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "worker"
+PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
+
+
+class Runner(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run(self, due: JobDue, progress: Any, cancel: threading.Event) -> Outcome: ...
+
+
+@dataclass
+class Running:
+    due: JobDue
+    traceparent: str
+    started_at: datetime
+    cancel: threading.Event = field(default_factory=threading.Event)
+    task: asyncio.Task[None] | None = None
+    last_progress: float = 0.0
+
+
+@dataclass
+class Finished:
+    running: Running
+    outcome: Outcome
+    completed_at: datetime
+
+
+class WorkerService:
+    name = SERVICE
+
+    def __init__(self, settings: Settings, runner: Runner) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.worker_id = settings.worker_id
+        self.queues = list(settings.worker_queues)
+        self.capacity = settings.worker_concurrency
+        self.runner = runner
+        self.status = "ACTIVE"
+        self.running: dict[UUID, Running] = {}
+        self._finished: list[Finished] = []
+        self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
+        self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
+        self._tier_of: dict[str, str] = {}
+        self._buffer_limit = max(100, 2 * self.capacity)
+        self._paused = False
+        self._rng = random.Random()
+        self._wake = asyncio.Event()
+        self._consumer: ConsumerThread | None = None
+        self._producer: TransactionalProducer | None = None
+        self._hb: IdempotentProducer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._io: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-txn")
+        work_topics = self.topics.work_topics(self.queues)
+        for priority in PRIORITIES:
+            for queue in self.queues:
+                self._tier_of[self.topics.work(priority, queue)] = priority
+        await loop.run_in_executor(None, ensure_topics, self.settings,
+                                   self.topics.work_specs(self.queues))
+        await self.runner.start()
+        tid = f"{self.topics.prefix}worker-{self.worker_id}"
+        self._producer = TransactionalProducer(
+            producer_config(self.settings, f"worker-{self.worker_id}", transactional_id=tid))
+        await loop.run_in_executor(self._io, self._producer.init)
+        self._hb = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
+        conf = consumer_config(
+            self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
+            **{"partition.assignment.strategy": "cooperative-sticky"},
+        )
+        consumer = self._consumer = ConsumerThread(conf, "worker")
+        await consumer.call(lambda: consumer.consumer.subscribe(
+            work_topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_revoke))
+        beating = asyncio.Event()  # set when the heartbeats may stop (after the drain)
+        heartbeats = asyncio.create_task(self._heartbeat_loop(beating))
+        log(logger, "worker_started", worker_id=self.worker_id, queues=",".join(self.queues),
+            capacity=self.capacity)
+        try:
+            await self._poll_loop(stopping)
+            await self._drain()
+        finally:
+            beating.set()
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
+            await self._send_heartbeat("OFFLINE")
+            await consumer.close()
+            await self.runner.close()
+            await loop.run_in_executor(self._io, self._producer.close)
+            self._io.shutdown(wait=True)
+            if self._hb is not None:
+                await loop.run_in_executor(None, self._hb.flush, 5.0)
+
+    # -- the poll loop --------------------------------------------------------------
+
+    def _buffered(self) -> int:
+        return sum(len(q) for q in self._buffer.values())
+
+    async def _poll_loop(self, stopping: asyncio.Event) -> None:
+        assert self._consumer is not None
+        while not stopping.is_set():
+            await self._set_paused(self._buffered() >= self._buffer_limit)
+            busy = self.running or self._finished or self._buffered()
+            timeout = 0.0 if self._finished else (0.02 if busy else 0.1)
+            messages = await self._consumer.consume(self._buffer_limit, timeout)
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    log_consumer_error("worker", err)
+                    continue
+                self._buffer[self._tier_of.get(msg.topic(), "low")].append(msg)
+            await self._turn(starting=True)
+            if not messages and not self._finished and not self._events:
+                # Nothing arrived: wait briefly for a handler to finish instead of spinning.
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.0 if busy else 0.05)
+
+    async def _set_paused(self, paused: bool) -> None:
+        if paused == self._paused or self._consumer is None:
+            return
+        consumer = self._consumer.consumer
+
+        def apply() -> None:
+            assignment = consumer.assignment()
+            if assignment:
+                (consumer.pause if paused else consumer.resume)(assignment)
+
+        await self._consumer.call(apply)
+        self._paused = paused
+
+    async def _turn(self, starting: bool) -> None:
+        """One transaction: new starts (with offsets), finished executions, progress."""
+        starts: list[Running] = []
+        records: list[OutRecord] = []
+        offsets: dict[tuple[str, int], int] = {}
+        free = self.capacity - len(self.running) if starting and self.status == "ACTIVE" else 0
+        while free > len(starts):
+            msg = self._next_buffered()
+            if msg is None:
+                break
+            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            try:
+                due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
+            except DecodeError as exc:
+                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+                continue
+            if due.execution_id in self.running:
+                continue  # a redelivery of what already runs here
+            parent = traceparent_of(msg.headers())
+            run = Running(due, child_traceparent(parent), now_utc())
+            starts.append(run)
+            records.append(self._event(run, "RUNNING"))
+        finished, self._finished = self._finished, []
+        for done in finished:
+            records.extend(self._finish_records(done))
+        progress, self._events = self._events, []
+        records.extend(progress)
+        if not records and not offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            await self._commit(records, tps)
+        except (TransactionAborted, KafkaException) as exc:
+            log(logger, "worker_transaction_aborted", logging.WARNING, error=str(exc))
+            self._finished = finished + self._finished  # report them in the next turn
+            await self._rewind()
+            return
+        for done in finished:
+            self.running.pop(done.running.due.execution_id, None)
+        for run in starts:
+            self.running[run.due.execution_id] = run
+            run.task = asyncio.create_task(self._execute(run))
+
+    def _next_buffered(self) -> Message | None:
+        for priority in PRIORITIES:
+            if self._buffer[priority]:
+                return self._buffer[priority].popleft()
+        return None
+
+    async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> None:
+        assert self._producer is not None and self._consumer is not None
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                self._io,
+                partial(self._producer.commit_records, records, offsets or None,
+                        self._consumer.consumer.consumer_group_metadata),
+            )
+        except ProducerFenced:
+            # Another process runs with our worker id: it owns our executions now.
+            log(logger, "worker_fenced", logging.ERROR, worker_id=self.worker_id)
+            raise
+
+    async def _rewind(self) -> None:
+        """Drop the buffer and seek every assigned partition back to its committed offset."""
+        assert self._consumer is not None
+        for q in self._buffer.values():
+            q.clear()
+        consumer = self._consumer.consumer
+
+        def seek_back() -> None:
+            assignment = consumer.assignment()
+            if not assignment:
+                return
+            for tp in consumer.committed(assignment, 10.0):
+                tp.offset = tp.offset if tp.offset >= 0 else -2
+                with contextlib.suppress(KafkaException):
+                    consumer.seek(tp)
+
+        await self._consumer.call(seek_back)
+
+    # -- executions -----------------------------------------------------------------
+
+    async def _execute(self, run: Running) -> None:
+        def progress(percent: float, message: str | None) -> None:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._progress, run, percent, message)
+
+        try:
+            outcome = await self.runner.run(run.due, progress, run.cancel)
+        except Exception as exc:
+            logger.exception("runner failed", extra={"action": "runner_failed",
+                                                     "execution_id": str(run.due.execution_id)})
+            outcome = Outcome("FAILED", error=f"worker error: {exc}")
+        self._finished.append(Finished(run, outcome, now_utc()))
+        self._wake.set()
+
+    def _progress(self, run: Running, percent: float, message: str | None) -> None:
+        if run.due.execution_id not in self.running:
+            return
+        now = time.monotonic()
+        if percent < 100 and now - run.last_progress < PROGRESS_INTERVAL:
+            return
+        run.last_progress = now
+        self._events.append(self._event(run, "PROGRESS", progress=percent,
+                                        progress_message=message))
+        self._wake.set()
+
+    def _finish_records(self, done: Finished) -> list[OutRecord]:
+        run, outcome = done.running, done.outcome
+        status: ExecutionStatus = outcome.status
+        records: list[OutRecord] = []
+        if outcome.retryable and not attempts_left(run.due):
+            status = "PERMANENTLY_FAILED"
+        elif outcome.retryable:
+            retry = next_attempt(run.due, done.completed_at, self._rng)
+            records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
+                                     retry.to_json(), trace_headers(run.traceparent)))
+        records.insert(0, self._event(
+            run, status, completed_at=done.completed_at, error_message=outcome.error,
+            result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
+        ))
+        log(logger, "execution_finished", logging.INFO if status == "COMPLETED" else logging.WARNING,
+            job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
+            attempt=run.due.attempt_number, error=outcome.error)
+        return records
+
+    def _event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
+        due = run.due
+        event = ExecutionEvent(
+            event_id=uuid4(),
+            execution_id=due.execution_id,
+            job_id=due.job_id,
+            run_id=due.run_id,
+            status=status,
+            attempt_number=due.attempt_number,
+            scheduled_at=due.scheduled_at,
+            occurred_at=now_utc(),
+            delivery=due.delivery,
+            worker_id=self.worker_id,
+            started_at=run.started_at,
+            **fields,
+        )
+        return OutRecord(self.topics.execution_events, due.job_id.encode(), event.to_json(),
+                         trace_headers(run.traceparent))
+
+    # -- drain ----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """SIGTERM: take nothing new, let running executions finish within the grace
+        period, re-queue what is still running, then report OFFLINE."""
+        self.status = "DRAINING"
+        await self._send_heartbeat("DRAINING")
+        await self._set_paused(True)
+        for q in self._buffer.values():
+            q.clear()  # not committed: the partitions' next owner reads them again
+        log(logger, "worker_draining", worker_id=self.worker_id, running=len(self.running),
+            grace_seconds=self.settings.worker_drain_grace_seconds)
+        deadline = time.monotonic() + self.settings.worker_drain_grace_seconds
+        while self.running and time.monotonic() < deadline:
+            await self._turn(starting=False)
+            if not self.running:
+                break
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), min(0.1, deadline - time.monotonic()))
+        await self._turn(starting=False)
+        if self.running:
+            await self._requeue_remaining()
+
+    async def _requeue_remaining(self) -> None:
+        records: list[OutRecord] = []
+        for run in list(self.running.values()):
+            run.cancel.set()
+            due = run.due.model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
+            records.append(self._event(run, "REQUEUED", error_message="worker drained"))
+            records.append(OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+                                     trace_headers(run.traceparent)))
+            log(logger, "execution_requeued", job_id=due.job_id,
+                execution_id=str(due.execution_id), delivery=due.delivery, reason="drain")
+        await self._commit(records, [])
+        for run in list(self.running.values()):
+            if run.task is not None:
+                run.task.cancel()
+        self.running.clear()
+
+    # -- heartbeats -----------------------------------------------------------------
+
+    async def _heartbeat_loop(self, done: asyncio.Event) -> None:
+        while not await wait_or_stop(done, 0):
+            await self._send_heartbeat(self.status)
+            await wait_or_stop(done, self.settings.heartbeat_interval_seconds)
+
+    async def _send_heartbeat(self, status: str) -> None:
+        if self._hb is None:
+            return
+        beat = Heartbeat(
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            status=status,  # type: ignore[arg-type]
+            sent_at=now_utc(),
+            running=list(self.running),
+            capacity=self.capacity,
+            queues=self.queues,
+        )
+        self._hb.produce(OutRecord(self.topics.heartbeats, self.worker_id.encode(), beat.to_json()))
+        if status == "OFFLINE":
+            await asyncio.get_running_loop().run_in_executor(None, self._hb.flush, 5.0)
+
+    # -- rebalance callbacks (consumer thread) ----------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        if self._paused and partitions:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        if self._loop is not None:
+            # Buffered records of revoked partitions belong to their next owner now.
+            def drop() -> None:
+                for priority, q in self._buffer.items():
+                    self._buffer[priority] = deque(
+                        m for m in q if (m.topic(), m.partition()) not in revoked)
+
+            self._loop.call_soon_threadsafe(drop)
+        consumer.incremental_unassign(partitions)

@@ -1,0 +1,67 @@
+"""Decoding records from Kafka: bytes → validated model, or a reason to dead-letter.
+
+Every consumer decodes every record through `decode`; whatever fails is dead-lettered
+with the reason this module gives (SPEC §6).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from cronstream.shared.records import MAX_DEFINITION_BYTES, Record
+
+T = TypeVar("T", bound=Record)
+
+# A record larger than this cannot be a valid one: definitions are the largest (256 KiB),
+# execution events carry at most 64 KiB of result plus bounded text.
+MAX_RECORD_BYTES = MAX_DEFINITION_BYTES + 16 * 1024
+
+
+class DecodeError(ValueError):
+    """The record cannot be decoded or validated; the message is the reason."""
+
+
+def describe(exc: ValidationError) -> str:
+    """A one-line account of a validation failure that names each field."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in error["loc"])
+        msg = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(problems)
+
+
+def decode(
+    model: type[T],
+    value: bytes | None,
+    *,
+    key: bytes | None = None,
+    key_field: str | None = None,
+    max_bytes: int = MAX_RECORD_BYTES,
+) -> T:
+    """Validate `value` as `model`; when `key_field` is given the key must equal it."""
+    if value is None:
+        raise DecodeError("null value where a record is required")
+    if len(value) > max_bytes:
+        raise DecodeError(f"record is {len(value)} bytes; the limit is {max_bytes}")
+    try:
+        record = model.model_validate_json(value)
+    except ValidationError as exc:
+        raise DecodeError(f"invalid {model.__name__}: {describe(exc)}") from None
+    if key_field is not None:
+        expected = str(getattr(record, key_field))
+        if key is None or key != expected.encode():
+            shown = key.decode("utf-8", "replace") if key is not None else None
+            raise DecodeError(f"key {shown!r} does not match {key_field} {expected!r}")
+    return record
+
+
+def decode_key(key: bytes | None) -> str:
+    if key is None:
+        raise DecodeError("missing key")
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecodeError("key is not UTF-8") from None

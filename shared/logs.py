@@ -1,0 +1,68 @@
+"""Structured logging: one line per event, logfmt, with a stable `action` key.
+
+Dashboards and alerts query `action`, `job_id`, `execution_id` — never message text:
+
+    ts=2026-11-29T11:10:01.071Z level=info service=scheduler action=job_fired job_id=etl ...
+
+`log(logger, "job_fired", job_id=...)` is the only way services log events.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {
+    "message",
+    "asctime",
+}
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    if text == "" or any(c in text for c in ' ="\n\t'):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return text
+
+
+class LogfmtFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [
+            f"ts={ts}.{int(record.msecs):03d}Z",
+            f"level={record.levelname.lower()}",
+            f"service={self.service}",
+        ]
+        action = getattr(record, "action", None)
+        if action:
+            parts.append(f"action={action}")
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and key != "action" and value is not None:
+                parts.append(f"{key}={_quote(value)}")
+        message = record.getMessage()
+        if message and message != action:
+            parts.append(f"msg={_quote(message)}")
+        if record.exc_info:
+            parts.append(f"error={_quote(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def configure(service: str, level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def log(logger: logging.Logger, action: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log one event with a stable action key and structured fields."""
+    if logger.isEnabledFor(level):
+        message = fields.pop("msg", action)
+        logger.log(level, message, extra={"action": action, **fields})

@@ -1,0 +1,336 @@
+"""The record contract (SPEC §3): every value that crosses a Kafka topic.
+
+These pydantic models are the source of truth; `schemas/` holds the JSON Schema
+generated from them (`python -m cronstream.shared.schemagen`), and a test fails when
+the two drift. Models are strict (no coercion: "5" is not 5), frozen and closed
+(`extra="forbid"`): a record either is exactly what the contract says or it is
+dead-lettered. Enumerations are string literals so that they mean the same in JSON,
+in YAML and in Python.
+
+Execution states and who moves an execution out of each (SPEC §3, §5):
+
+    (JobDue)            the scheduler, monitor or CLI asks for an execution
+    QUEUED              dispatcher wrote the work record. A worker moves it to RUNNING;
+                        `cancel` to CANCELLED; REPLACE to CANCELLED.
+    RUNNING             a worker took it (and committed its consumption). The same
+                        worker moves it to COMPLETED / FAILED / TIMED_OUT / CANCELLED /
+                        PERMANENTLY_FAILED; the monitor to QUEUED (REQUEUED event) when
+                        the worker is declared dead; drain re-queues it the same way.
+    PROGRESS, REQUEUED  events, not resting states: PROGRESS keeps RUNNING;
+                        REQUEUED puts the execution back to QUEUED with a new delivery.
+    AWAITING_APPROVAL   the monitor parked a DAG step; `approve` moves it to QUEUED
+                        (via a JobDue), `reject` to SKIPPED.
+    COMPLETED, FAILED, TIMED_OUT, CANCELLED, PERMANENTLY_FAILED, SKIPPED
+                        terminal: nothing moves an execution out of them. A FAILED or
+                        TIMED_OUT execution with attempts left is followed by a *new*
+                        execution (attempt + 1) through a RetryRequest.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Annotated, Any, Literal
+from uuid import UUID
+from zoneinfo import ZoneInfo, available_timezones
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from cronstream.shared.cron import CronError, parse_cron
+
+SCHEMA_VERSION = 1
+
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_RESULT_BYTES = 64 * 1024
+MAX_DEFINITION_BYTES = 256 * 1024
+MAX_MESSAGE_CHARS = 8 * 1024
+
+JobType = Literal["CRON", "INTERVAL", "ONE_TIME", "DEPENDENT"]
+TriggerRule = Literal["ALL_SUCCESS", "ALL_DONE", "ONE_SUCCESS", "ONE_FAILED", "NONE_FAILED"]
+Priority = Literal["high", "normal", "low"]
+ConcurrencyPolicy = Literal["ALLOW", "FORBID", "REPLACE"]
+MisfirePolicy = Literal["FIRE_ONCE", "FIRE_ALL", "SKIP"]
+DueReason = Literal["SCHEDULE", "RETRY", "DEPENDENCY", "MANUAL", "REQUEUE", "BACKFILL"]
+ExecutionStatus = Literal[
+    "QUEUED",
+    "RUNNING",
+    "PROGRESS",
+    "REQUEUED",
+    "AWAITING_APPROVAL",
+    "COMPLETED",
+    "FAILED",
+    "TIMED_OUT",
+    "CANCELLED",
+    "PERMANENTLY_FAILED",
+    "SKIPPED",
+]
+WorkerStatus = Literal["ACTIVE", "DRAINING", "OFFLINE"]
+
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {"COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED", "SKIPPED"}
+)
+SUCCESS_STATUSES: frozenset[str] = frozenset({"COMPLETED"})
+FAILURE_STATUSES: frozenset[str] = frozenset({"FAILED", "TIMED_OUT", "PERMANENTLY_FAILED"})
+
+
+@lru_cache(maxsize=1)
+def _timezones() -> frozenset[str]:
+    return frozenset(available_timezones())
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _params_limit(value: dict[str, Any]) -> dict[str, Any]:
+    size = _json_size(value)
+    if size > MAX_PARAMS_BYTES:
+        raise ValueError(f"is {size} bytes of JSON; the limit is {MAX_PARAMS_BYTES}")
+    return value
+
+
+def _result_limit(value: Any) -> Any:
+    if value is not None:
+        size = _json_size(value)
+        if size > MAX_RESULT_BYTES:
+            raise ValueError(f"is {size} bytes of JSON; the limit is {MAX_RESULT_BYTES}")
+    return value
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+HandlerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
+Params = Annotated[dict[str, Any], AfterValidator(_params_limit)]
+Message = Annotated[str, StringConstraints(max_length=MAX_MESSAGE_CHARS)]
+
+
+class Record(BaseModel):
+    """Base of every wire record: strict, frozen, closed, versioned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=False).encode()
+
+
+class JobDefinition(Record):
+    """A job as users publish it to `job-definitions` (key: job_id; null value deletes)."""
+
+    job_id: JobId
+    name: Annotated[str, StringConstraints(max_length=256)] | None = None
+    type: JobType
+    schedule: Annotated[str, StringConstraints(max_length=256)] | None = None
+    interval_seconds: Annotated[int, Field(ge=1, le=10 * 365 * 86400)] | None = None
+    run_at: UtcDatetime | None = None
+    timezone: str = "UTC"
+    start_at: UtcDatetime | None = None
+    end_at: UtcDatetime | None = None
+    depends_on: Annotated[list[JobId], Field(max_length=64)] = Field(default_factory=list)
+    trigger_rule: TriggerRule = "ALL_SUCCESS"
+    condition: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    requires_approval: bool = False
+    handler: HandlerName
+    params: Params = Field(default_factory=dict)
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 0
+    retry_delay_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 10
+    max_retry_delay_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 3600
+    timeout_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 3600
+    priority: Priority = "normal"
+    queue: QueueName = "default"
+    concurrency_policy: ConcurrencyPolicy = "ALLOW"
+    misfire_policy: MisfirePolicy = "FIRE_ONCE"
+    misfire_grace_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 60
+    enabled: bool = True
+    created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
+    created_at: UtcDatetime | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        if value not in _timezones():
+            raise ValueError(f"unknown IANA timezone '{value}' (e.g. 'Europe/Berlin')")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_cron(value)
+            except CronError as exc:
+                raise ValueError(f"invalid cron expression '{value}': {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _type_specific(self) -> JobDefinition:
+        needs = {
+            "CRON": "schedule",
+            "INTERVAL": "interval_seconds",
+            "ONE_TIME": "run_at",
+        }
+        for job_type, field in needs.items():
+            present = getattr(self, field) is not None
+            if self.type == job_type and not present:
+                raise ValueError(f"{field} is required for type {job_type}")
+            if self.type != job_type and present:
+                raise ValueError(f"{field} is only allowed for type {job_type}, not {self.type}")
+        if self.type == "DEPENDENT":
+            if not self.depends_on:
+                raise ValueError("depends_on is required for type DEPENDENT (upstream job_ids)")
+            if self.job_id in self.depends_on:
+                raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
+            if len(set(self.depends_on)) != len(self.depends_on):
+                raise ValueError("depends_on: lists an upstream job more than once")
+        else:
+            if self.depends_on:
+                raise ValueError(f"depends_on is only allowed for type DEPENDENT, not {self.type}")
+            if self.condition is not None:
+                raise ValueError(f"condition is only allowed for type DEPENDENT, not {self.type}")
+            if self.requires_approval:
+                raise ValueError(
+                    f"requires_approval is only allowed for type DEPENDENT, not {self.type}"
+                )
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise ValueError("end_at must be later than start_at")
+        return self
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return _zone(self.timezone)
+
+
+@lru_cache(maxsize=1024)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+class JobSnapshot(Record):
+    """What a worker needs from the definition to run one execution."""
+
+    handler: HandlerName
+    params: Params = Field(default_factory=dict)
+    timeout_seconds: Annotated[float, Field(gt=0)] = 3600
+    max_retries: Annotated[int, Field(ge=0)] = 0
+    retry_delay_seconds: Annotated[float, Field(ge=0)] = 10
+    max_retry_delay_seconds: Annotated[float, Field(ge=0)] = 3600
+    priority: Priority = "normal"
+    queue: QueueName = "default"
+    concurrency_policy: ConcurrencyPolicy = "ALLOW"
+
+    @classmethod
+    def of(cls, definition: JobDefinition) -> JobSnapshot:
+        return cls(
+            handler=definition.handler,
+            params=definition.params,
+            timeout_seconds=definition.timeout_seconds,
+            max_retries=definition.max_retries,
+            retry_delay_seconds=definition.retry_delay_seconds,
+            max_retry_delay_seconds=definition.max_retry_delay_seconds,
+            priority=definition.priority,
+            queue=definition.queue,
+            concurrency_policy=definition.concurrency_policy,
+        )
+
+
+class JobDue(Record):
+    """A request for one execution, on `job-due` (key: job_id) and on the work topics.
+
+    `delivery` counts how many times this execution was handed to a worker: a REQUEUE
+    increments it, and events carrying an older delivery are stale (SPEC §5.7).
+    """
+
+    execution_id: UUID
+    job_id: JobId
+    run_id: UUID
+    scheduled_at: UtcDatetime
+    attempt_number: Annotated[int, Field(ge=1)] = 1
+    reason: DueReason
+    delivery: Annotated[int, Field(ge=1)] = 1
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    job: JobSnapshot
+
+
+class RetryRequest(JobDue):
+    """The JobDue of the next attempt plus when it is due, on the compacted `retries`
+    topic (key: execution_id of the next attempt; a tombstone means fired or cancelled)."""
+
+    due_at: UtcDatetime
+
+    def job_due(self) -> JobDue:
+        return JobDue.model_validate(self.model_dump(exclude={"due_at"}), strict=False)
+
+
+class ExecutionEvent(Record):
+    """One lifecycle event of one execution, on the public `execution-events` topic."""
+
+    event_id: UUID
+    execution_id: UUID
+    job_id: JobId
+    run_id: UUID
+    status: ExecutionStatus
+    attempt_number: Annotated[int, Field(ge=1)]
+    scheduled_at: UtcDatetime
+    occurred_at: UtcDatetime
+    delivery: Annotated[int, Field(ge=1)] = 1
+    worker_id: WorkerId | None = None
+    started_at: UtcDatetime | None = None
+    completed_at: UtcDatetime | None = None
+    error_message: Message | None = None
+    result: Annotated[Any, AfterValidator(_result_limit)] = None
+    progress: Annotated[float, Field(ge=0, le=100)] | None = None
+    progress_message: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    priority: Priority | None = None
+    queue: QueueName | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Heartbeat(Record):
+    """A worker's periodic liveness report, on `heartbeats` (key: worker_id)."""
+
+    worker_id: WorkerId
+    hostname: Annotated[str, StringConstraints(max_length=256)]
+    status: WorkerStatus
+    sent_at: UtcDatetime
+    running: Annotated[list[UUID], Field(max_length=10_000)] = Field(default_factory=list)
+    capacity: Annotated[int, Field(ge=0)]
+    queues: list[QueueName] = Field(default_factory=list)
+
+
+class SchedulerState(Record):
+    """The leader's durable per-job clock, on the compacted `scheduler-state` topic.
+
+    `definition_offset` is the `job-definitions` offset the state was computed from: a
+    new leader trusts `next_fire_at` when it matches the live definition's offset and
+    recomputes otherwise, so takeover never runs the cron engine for unchanged jobs.
+    """
+
+    job_id: JobId
+    definition_offset: Annotated[int, Field(ge=0)]
+    next_fire_at: UtcDatetime | None
+    last_fire_at: UtcDatetime | None = None
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

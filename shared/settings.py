@@ -1,0 +1,119 @@
+"""Settings: `CRONSTREAM_*` environment variables, overridable by CLI flags (SPEC §7).
+
+Every setting has a default and is validated when a service starts, so a typo fails
+the start with the variable's name instead of misbehaving later. Any librdkafka
+property passes through as `CRONSTREAM_KAFKA_<PROPERTY>` with dots written as
+underscores (`CRONSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL` → `security.protocol`),
+or as `--kafka-config key=value` on the command line. Secrets never appear in logs:
+`Settings.redacted()` is what services print.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cronstream.shared.records import QueueName
+from cronstream.shared.topics import Topics
+
+ENV_PREFIX = "CRONSTREAM_"
+KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
+_SECRET_WORDS = ("password", "secret", "token", "key")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kafka_bootstrap_servers: str = "localhost:9092"
+    database_url: str = "postgresql://postgres@localhost:5432/cronstream"
+    topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = "cronstream."
+    topic_partitions: Annotated[int, Field(ge=1, le=1000)] = 6
+    heartbeat_interval_seconds: Annotated[float, Field(gt=0)] = 30
+    worker_dead_after_seconds: Annotated[float, Field(gt=0)] = 90
+    worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 8
+    worker_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")] = Field(
+        default_factory=default_worker_id
+    )
+    worker_queues: list[QueueName] = Field(default_factory=lambda: ["default"])
+    worker_drain_grace_seconds: Annotated[float, Field(ge=0)] = 30
+    scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 10_000
+    kafka_config: dict[str, str] = Field(default_factory=dict)
+    log_level: str = "INFO"
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        value = value.upper()
+        if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+        return value
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix, self.topic_partitions)
+
+    @classmethod
+    def from_env(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Read `CRONSTREAM_*` from the environment; `overrides` (CLI flags) win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        kafka_config: dict[str, str] = {}
+        for name in cls.model_fields:
+            if name == "kafka_config":
+                continue
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw.split(",") if name == "worker_queues" else raw
+        for key, raw in env.items():
+            if key.startswith(KAFKA_PASSTHROUGH_PREFIX) and key != "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS":
+                prop = key[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", ".")
+                kafka_config[prop] = raw
+        for key, value in (overrides or {}).items():
+            if value is None:
+                continue
+            if key == "kafka_config":
+                kafka_config.update(value)
+            else:
+                values[key] = value
+        values["kafka_config"] = kafka_config
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{ENV_PREFIX}{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise SettingsError(f"invalid settings: {problems}") from None
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as a dict that is safe to log."""
+        data = self.model_dump()
+        data["database_url"] = redact_url(self.database_url)
+        data["kafka_config"] = {
+            k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
+            for k, v in self.kafka_config.items()
+        }
+        return data
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,179 @@
+-- Named queries; `-- name: x` starts a block. Loaded by cronstream.shared.db.
+
+-- name: insert_events
+INSERT INTO execution_events (
+    event_id, execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,
+    occurred_at, worker_id, started_at, completed_at, error_message, result, progress,
+    progress_message, kafka_partition, kafka_offset)
+SELECT e.event_id, e.execution_id, e.job_id, e.run_id, e.status, e.attempt_number, e.delivery,
+       e.scheduled_at, e.occurred_at, e.worker_id, e.started_at, e.completed_at,
+       e.error_message, e.result::jsonb, e.progress, e.progress_message, e.kafka_partition,
+       e.kafka_offset
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::int[],
+            $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[],
+            $12::timestamptz[], $13::text[], $14::text[], $15::real[], $16::text[], $17::int[],
+            $18::bigint[])
+     AS e(event_id, execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,
+          occurred_at, worker_id, started_at, completed_at, error_message, result, progress,
+          progress_message, kafka_partition, kafka_offset)
+ON CONFLICT (event_id) DO NOTHING;
+
+-- name: upsert_executions
+-- Each row is the fold of one batch's events for one execution (projection.py). The
+-- WHERE clause is the transition guard: terminal rows are final, older deliveries stale.
+-- A newer delivery (after a requeue) replaces the run fields instead of merging them.
+INSERT INTO job_executions AS je (
+    execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at, completed_at,
+    worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
+    priority, queue, last_event, updated_at)
+SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
+       p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message,
+       p.result::jsonb, p.progress, p.progress_message, p.priority, p.queue, p.last_event,
+       p.updated_at
+FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::timestamptz[],
+            $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::int[],
+            $11::int[], $12::text[], $13::text[], $14::real[], $15::text[], $16::text[],
+            $17::text[], $18::text[], $19::timestamptz[])
+     AS p(execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at,
+          completed_at, worker_id, attempt_number, delivery, error_message, result, progress,
+          progress_message, priority, queue, last_event, updated_at)
+ON CONFLICT (execution_id) DO UPDATE SET
+    status = EXCLUDED.status,
+    delivery = EXCLUDED.delivery,
+    last_event = EXCLUDED.last_event,
+    queued_at = COALESCE(EXCLUDED.queued_at, je.queued_at),
+    started_at = CASE WHEN EXCLUDED.delivery > je.delivery THEN EXCLUDED.started_at
+                      ELSE COALESCE(EXCLUDED.started_at, je.started_at) END,
+    worker_id = CASE WHEN EXCLUDED.delivery > je.delivery THEN EXCLUDED.worker_id
+                     ELSE COALESCE(EXCLUDED.worker_id, je.worker_id) END,
+    progress = CASE WHEN EXCLUDED.delivery > je.delivery THEN EXCLUDED.progress
+                    ELSE COALESCE(EXCLUDED.progress, je.progress) END,
+    progress_message = CASE WHEN EXCLUDED.delivery > je.delivery THEN EXCLUDED.progress_message
+                            ELSE COALESCE(EXCLUDED.progress_message, je.progress_message) END,
+    completed_at = COALESCE(EXCLUDED.completed_at, je.completed_at),
+    error_message = COALESCE(EXCLUDED.error_message, je.error_message),
+    result = COALESCE(EXCLUDED.result, je.result),
+    priority = COALESCE(EXCLUDED.priority, je.priority),
+    queue = COALESCE(EXCLUDED.queue, je.queue),
+    updated_at = EXCLUDED.updated_at
+WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
+                        'SKIPPED')
+  AND EXCLUDED.delivery >= je.delivery;
+
+-- name: upsert_workers
+INSERT INTO workers AS w (worker_id, hostname, status, last_heartbeat, running, capacity, queues,
+                          updated_at)
+-- running and queues arrive comma-joined: unnest cannot carry one array per row.
+SELECT h.worker_id, h.hostname, h.status, h.last_heartbeat,
+       COALESCE(string_to_array(NULLIF(h.running, ''), ',')::uuid[], '{}'), h.capacity,
+       COALESCE(string_to_array(NULLIF(h.queues, ''), ','), '{}'), now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::int[],
+            $7::text[]) AS h(worker_id, hostname, status, last_heartbeat, running, capacity, queues)
+ON CONFLICT (worker_id) DO UPDATE SET
+    hostname = EXCLUDED.hostname,
+    status = EXCLUDED.status,
+    last_heartbeat = EXCLUDED.last_heartbeat,
+    running = EXCLUDED.running,
+    capacity = EXCLUDED.capacity,
+    queues = EXCLUDED.queues,
+    updated_at = EXCLUDED.updated_at
+WHERE EXCLUDED.last_heartbeat >= w.last_heartbeat;
+
+-- name: upsert_definition
+INSERT INTO job_definitions AS d (
+    job_id, name, type, schedule, interval_seconds, run_at, timezone, start_at, end_at,
+    depends_on, trigger_rule, condition, requires_approval, handler, params, max_retries,
+    retry_delay_seconds, max_retry_delay_seconds, timeout_seconds, priority, queue,
+    concurrency_policy, misfire_policy, misfire_grace_seconds, enabled, created_by, created_at,
+    deleted_at, next_execution_at, updated_at, definition)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18,
+        $19, $20, $21, $22, $23, $24, $25, $26, $27, NULL, $28, $29, $30::jsonb)
+ON CONFLICT (job_id) DO UPDATE SET
+    name = EXCLUDED.name, type = EXCLUDED.type, schedule = EXCLUDED.schedule,
+    interval_seconds = EXCLUDED.interval_seconds, run_at = EXCLUDED.run_at,
+    timezone = EXCLUDED.timezone, start_at = EXCLUDED.start_at, end_at = EXCLUDED.end_at,
+    depends_on = EXCLUDED.depends_on, trigger_rule = EXCLUDED.trigger_rule,
+    condition = EXCLUDED.condition, requires_approval = EXCLUDED.requires_approval,
+    handler = EXCLUDED.handler, params = EXCLUDED.params, max_retries = EXCLUDED.max_retries,
+    retry_delay_seconds = EXCLUDED.retry_delay_seconds,
+    max_retry_delay_seconds = EXCLUDED.max_retry_delay_seconds,
+    timeout_seconds = EXCLUDED.timeout_seconds, priority = EXCLUDED.priority,
+    queue = EXCLUDED.queue, concurrency_policy = EXCLUDED.concurrency_policy,
+    misfire_policy = EXCLUDED.misfire_policy,
+    misfire_grace_seconds = EXCLUDED.misfire_grace_seconds, enabled = EXCLUDED.enabled,
+    created_by = EXCLUDED.created_by, created_at = COALESCE(EXCLUDED.created_at, d.created_at),
+    deleted_at = NULL, next_execution_at = EXCLUDED.next_execution_at,
+    updated_at = EXCLUDED.updated_at, definition = EXCLUDED.definition;
+
+-- name: delete_definition
+UPDATE job_definitions SET deleted_at = $2, next_execution_at = NULL, updated_at = $2
+WHERE job_id = $1 AND deleted_at IS NULL;
+
+-- name: delete_dependencies
+DELETE FROM job_dependencies WHERE downstream_job_id = $1;
+
+-- name: insert_dependencies
+INSERT INTO job_dependencies (downstream_job_id, upstream_job_id)
+SELECT $1, u FROM unnest($2::text[]) AS u
+ON CONFLICT DO NOTHING;
+
+-- name: load_offsets
+SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = $1;
+
+-- name: store_offsets
+INSERT INTO consumer_offsets (consumer, topic, partition, next_offset)
+SELECT $1, o.topic, o.partition, o.next_offset
+FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(topic, partition, next_offset)
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset;
+
+-- name: recent_executions
+SELECT execution_id, job_id, status, scheduled_at, started_at, completed_at, worker_id,
+       attempt_number, progress, progress_message, error_message
+FROM job_executions
+WHERE ($1::text IS NULL OR job_id = $1)
+ORDER BY scheduled_at DESC, job_id
+LIMIT $2;
+
+-- name: jobs_overview
+SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
+                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                                  array_to_string(d.depends_on, ',')) AS schedule,
+       d.enabled, d.next_execution_at,
+       last.status AS last_status, last.scheduled_at AS last_scheduled_at,
+       stats.total, stats.succeeded
+FROM job_definitions d
+LEFT JOIN LATERAL (
+    SELECT status, scheduled_at FROM job_executions e
+    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
+                                              'PERMANENTLY_FAILED')) AS total,
+           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
+    FROM job_executions e
+    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
+WHERE d.deleted_at IS NULL
+ORDER BY d.job_id;
+
+-- name: workers_overview
+SELECT worker_id, hostname, status, last_heartbeat, cardinality(running) AS running, capacity,
+       queues
+FROM workers ORDER BY worker_id;
+
+-- name: lock_migrations
+SELECT pg_advisory_lock($1);
+
+-- name: unlock_migrations
+SELECT pg_advisory_unlock($1);
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: applied_migrations
+SELECT version FROM schema_migrations;
+
+-- name: record_migration
+INSERT INTO schema_migrations (version, name) VALUES ($1, $2);

@@ -1,0 +1,115 @@
+"""Topic names and their configuration (SPEC §2).
+
+Every name is prefixed by `CRONSTREAM_TOPIC_PREFIX`. `cronstream init` creates the
+topics below; work topics are created on demand by the dispatcher and the workers for
+the queues they use, with the same settings.
+
+| topic              | partitions | cleanup        | key                          |
+|--------------------|-----------:|----------------|------------------------------|
+| job-definitions    | 1          | compact        | job_id                       |
+| job-due            | P          | delete 7 d     | job_id                       |
+| execution-events   | P          | delete 7 d     | job_id                       |
+| heartbeats         | 1          | delete 1 h     | worker_id                    |
+| retries            | 1          | compact        | execution_id of next attempt |
+| dead-letters       | 1          | delete 14 d    | original key                 |
+| scheduler-state    | 1          | compact        | job_id                       |
+| commands           | 1          | delete 1 d     | execution_id                 |
+| alerts             | 1          | delete 14 d    | job_id                       |
+| work.<tier>.<queue>| P          | delete 7 d     | job_id                       |
+
+P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6). `job-due` and `execution-events` must
+have the same count: the dispatcher relies on partition i of both holding the same jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cronstream.shared.records import PRIORITIES
+
+_DAY_MS = 86_400_000
+_COMPACT = {
+    "cleanup.policy": "compact",
+    # The active segment is never compacted: roll hourly so that it can be.
+    "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(_DAY_MS),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    prefix: str = "cronstream."
+    partitions: int = 6
+
+    @property
+    def job_definitions(self) -> str:
+        return f"{self.prefix}job-definitions"
+
+    @property
+    def job_due(self) -> str:
+        return f"{self.prefix}job-due"
+
+    @property
+    def execution_events(self) -> str:
+        return f"{self.prefix}execution-events"
+
+    @property
+    def heartbeats(self) -> str:
+        return f"{self.prefix}heartbeats"
+
+    @property
+    def retries(self) -> str:
+        return f"{self.prefix}retries"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.prefix}dead-letters"
+
+    @property
+    def scheduler_state(self) -> str:
+        return f"{self.prefix}scheduler-state"
+
+    @property
+    def commands(self) -> str:
+        return f"{self.prefix}commands"
+
+    @property
+    def alerts(self) -> str:
+        return f"{self.prefix}alerts"
+
+    def work(self, priority: str, queue: str) -> str:
+        return f"{self.prefix}work.{priority}.{queue}"
+
+    def work_topics(self, queues: list[str]) -> list[str]:
+        """The work topics of `queues`, highest priority first."""
+        return [self.work(p, q) for p in PRIORITIES for q in queues]
+
+    def specs(self, queues: tuple[str, ...] = ("default",)) -> list[TopicSpec]:
+        p = self.partitions
+        week = {"retention.ms": str(7 * _DAY_MS)}
+        return [
+            TopicSpec(self.job_definitions, 1, dict(_COMPACT)),
+            TopicSpec(self.job_due, p, week),
+            TopicSpec(self.execution_events, p, week),
+            TopicSpec(self.heartbeats, 1, {"retention.ms": str(3_600_000)}),
+            TopicSpec(self.retries, 1, dict(_COMPACT)),
+            TopicSpec(self.dead_letters, 1, {"retention.ms": str(14 * _DAY_MS)}),
+            TopicSpec(self.scheduler_state, 1, dict(_COMPACT)),
+            TopicSpec(self.commands, 1, {"retention.ms": str(_DAY_MS)}),
+            TopicSpec(self.alerts, 1, {"retention.ms": str(14 * _DAY_MS)}),
+            *self.work_specs(queues),
+        ]
+
+    def work_specs(self, queues: tuple[str, ...] | list[str]) -> list[TopicSpec]:
+        return [
+            TopicSpec(t, self.partitions, {"retention.ms": str(7 * _DAY_MS)})
+            for t in self.work_topics(list(queues))
+        ]
