@@ -62,11 +62,10 @@ def parse_definitions(documents: list[Any], source: str = "input") -> list[JobDe
     """Validate raw definitions (dicts, as loaded from YAML or JSON) strictly, as the
     services validate them from Kafka. Raises DefinitionError listing every problem."""
     items: list[Any] = []
-    for doc in documents:
-        if doc is None:
+    for document in documents:
+        if document is None:
             continue
-        if isinstance(doc, dict) and set(doc) == {"jobs"}:
-            doc = doc["jobs"]
+        doc = document["jobs"] if isinstance(document, dict) and set(document) == {"jobs"} else document
         items.extend(doc if isinstance(doc, list) else [doc])
     problems: list[str] = []
     definitions: list[JobDefinition] = []
@@ -106,10 +105,7 @@ def load_definitions(path: str | Path) -> list[JobDefinition]:
     path = Path(path)
     text = path.read_text()
     try:
-        if path.suffix == ".json":
-            documents = [json.loads(text)]
-        else:
-            documents = list(yaml.safe_load_all(text))
+        documents = [json.loads(text)] if path.suffix == ".json" else list(yaml.safe_load_all(text))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise DefinitionError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                               f"{exc}") from None

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-__all__ = ["Context", "HandlerSpec", "NonRetryableError", "REGISTRY", "handler"]
+__all__ = ["REGISTRY", "Context", "HandlerSpec", "NonRetryableError", "handler"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 

@@ -84,62 +84,45 @@ class CronExpression:
     def next_local(self, start: datetime) -> datetime | None:
         """First naive wall-clock time >= `start` (whole seconds) matching the expression.
 
-        Returns None when nothing matches within the search horizon, which for a
-        validated expression only happens for dates far beyond any real use.
+        Each field that does not match jumps to its next allowed value, resetting the
+        smaller fields; overflow (minute 60, hour 24, day 32, month 13) carries into the
+        next larger field on the following pass. Returns None when nothing matches
+        within the search horizon, which for a validated expression never happens.
         """
         if start.microsecond:
             start = start.replace(microsecond=0) + _ONE_SECOND
         year, month, day = start.year, start.month, start.day
         hour, minute, second = start.hour, start.minute, start.second
+        first_h, first_m, first_s = self.hours[0], self.minutes[0], self.seconds[0]
         limit = year + _MAX_SEARCH_YEARS
         while year <= limit:
-            if month not in self.months:
-                i = bisect_left(self.months, month)
-                if i == len(self.months):
-                    year, month = year + 1, self.months[0]
-                else:
-                    month = self.months[i]
-                day, hour, minute, second = 1, self.hours[0], self.minutes[0], self.seconds[0]
+            m = _ceil(self.months, month)
+            if m != month:
+                year, month = (year, m) if m is not None else (year + 1, self.months[0])
+                day, hour, minute, second = 1, first_h, first_m, first_s
                 continue
             if day > calendar.monthrange(year, month)[1]:
-                month += 1
-                if month > 12:
-                    year, month = year + 1, 1
-                day, hour, minute, second = 1, self.hours[0], self.minutes[0], self.seconds[0]
+                month, day, hour, minute, second = month + 1, 1, first_h, first_m, first_s
                 continue
             if not self._day_matches(year, month, day):
-                day += 1
-                hour, minute, second = self.hours[0], self.minutes[0], self.seconds[0]
+                day, hour, minute, second = day + 1, first_h, first_m, first_s
                 continue
-            if hour not in self.hours:
-                i = bisect_left(self.hours, hour)
-                if i == len(self.hours):
-                    day += 1
-                    hour, minute, second = self.hours[0], self.minutes[0], self.seconds[0]
+            h = _ceil(self.hours, hour)
+            if h != hour:
+                if h is None:
+                    day, hour = day + 1, first_h
                 else:
-                    hour, minute, second = self.hours[i], self.minutes[0], self.seconds[0]
+                    hour = h
+                minute, second = first_m, first_s
                 continue
-            if minute not in self.minutes:
-                i = bisect_left(self.minutes, minute)
-                if i == len(self.minutes):
-                    hour += 1
-                    minute, second = self.minutes[0], self.seconds[0]
-                    if hour > 23:
-                        day, hour = day + 1, self.hours[0]
-                else:
-                    minute, second = self.minutes[i], self.seconds[0]
+            mi = _ceil(self.minutes, minute)
+            if mi != minute:
+                hour, minute = (hour, mi) if mi is not None else (hour + 1, first_m)
+                second = first_s
                 continue
-            if second not in self.seconds:
-                i = bisect_left(self.seconds, second)
-                if i == len(self.seconds):
-                    minute += 1
-                    second = self.seconds[0]
-                    if minute > 59:
-                        hour, minute = hour + 1, self.minutes[0]
-                        if hour > 23:
-                            day, hour = day + 1, self.hours[0]
-                else:
-                    second = self.seconds[i]
+            s = _ceil(self.seconds, second)
+            if s != second:
+                minute, second = (minute, s) if s is not None else (minute + 1, first_s)
                 continue
             return datetime(year, month, day, hour, minute, second)
         return None
@@ -171,6 +154,12 @@ class CronExpression:
             if instant > after_utc:
                 return instant
             candidate = naive + _ONE_SECOND
+
+
+def _ceil(values: tuple[int, ...], value: int) -> int | None:
+    """The smallest allowed value >= `value`, or None when it lies past the last one."""
+    i = bisect_left(values, value)
+    return values[i] if i < len(values) else None
 
 
 def resolve_local(naive: datetime, tz: ZoneInfo) -> datetime:

@@ -14,6 +14,7 @@ fenced producer above all — raise `ProducerFenced` and the owner must drop the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Headers
-from cronstream.shared.topics import TopicSpec, Topics
+from cronstream.shared.topics import Topics, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ def client_config(settings: Settings, client_id: str) -> dict[str, Any]:
     return conf
 
 
-def consumer_config(settings: Settings, client_id: str, group_id: str, **extra: Any) -> dict[str, Any]:
+def consumer_config(
+    settings: Settings, client_id: str, group_id: str, **extra: Any
+) -> dict[str, Any]:
     conf = client_config(settings, client_id)
     conf.update(
         {
@@ -103,7 +106,9 @@ def reader_config(settings: Settings, client_id: str) -> dict[str, Any]:
     )
 
 
-def producer_config(settings: Settings, client_id: str, transactional_id: str | None = None) -> dict[str, Any]:
+def producer_config(
+    settings: Settings, client_id: str, transactional_id: str | None = None
+) -> dict[str, Any]:
     conf = client_config(settings, client_id)
     conf.update(
         {
@@ -325,10 +330,8 @@ class TransactionalProducer:
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(KafkaException):
             self._producer.flush(1.0)
-        except KafkaException:
-            pass
 
 
 class IdempotentProducer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import click
 
@@ -20,18 +21,28 @@ def infra() -> None:
 
 
 @infra.command()
+@click.option("--record", type=click.Path(dir_okay=False),
+              help="Write the names of the servers this call started to this file.")
 @pass_state
-def up(state: CliState) -> None:
+def up(state: CliState, record: str | None) -> None:
     """Start Kafka and PostgreSQL unless something answers at their addresses; wait
     until both accept connections."""
-    Infra.from_settings(state.settings()).up(click.echo)
+    started = Infra.from_settings(state.settings()).up(click.echo)
+    if record:
+        Path(record).write_text("\n".join(started))
 
 
 @infra.command()
+@click.option("--recorded", type=click.Path(dir_okay=False),
+              help="Stop only the servers named in this file (written by `up --record`).")
 @pass_state
-def down(state: CliState) -> None:
+def down(state: CliState, recorded: str | None) -> None:
     """Stop what `infra up` started (and nothing else)."""
-    Infra.from_settings(state.settings()).down(click.echo)
+    only = None
+    if recorded:
+        path = Path(recorded)
+        only = path.read_text().split() if path.exists() else []
+    Infra.from_settings(state.settings()).down(click.echo, only=only)
 
 
 @infra.command()

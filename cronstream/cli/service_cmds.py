@@ -48,7 +48,7 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
            imports: tuple[str, ...], allow_shell: bool) -> None:
     """Run a worker for the given queues."""
     from cronstream.handlers import REGISTRY
-    from cronstream.services.worker import builtins  # noqa: F401  (registers built-ins)
+    from cronstream.services.worker import builtins
     from cronstream.services.worker.runner import InlineRunner
     from cronstream.services.worker.service import WorkerService
 

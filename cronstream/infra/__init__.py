@@ -26,7 +26,7 @@ def infra_dir() -> Path:
 
 
 def _host_port(address: str, default_port: int) -> tuple[str, int]:
-    first = address.split(",")[0].strip()
+    first = address.split(",", maxsplit=1)[0].strip()
     if "://" in first:
         first = first.split("://", 1)[1]
     host, _, port = first.rpartition(":")

@@ -104,8 +104,8 @@ class KafkaBroker:
             raise RuntimeError(f"the Kafka broker exited; see {self.stdout_file} and {self.log_file}")
         if not self.answering():
             return False
-        from confluent_kafka.admin import AdminClient
         from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 2000})
         try:

@@ -78,7 +78,7 @@ class Leader:
         self._committed_offset = 0
         self._unprocessed: list[Message] = []
         self._pending_defs: list[Message] = []
-        self._pending_retry_fixes: list[OutRecord] = []
+        self._pending_fixes: list[OutRecord] = []
         self._caught_up = asyncio.Event()
         self._state_loaded = asyncio.Event()
         self._wake = asyncio.Event()
@@ -140,7 +140,7 @@ class Leader:
             job_id = decode_key(msg.key())
         except DecodeError as exc:
             if msg.offset() >= self._committed_offset:
-                self._pending_retry_fixes.append(
+                self._pending_fixes.append(
                     dead_letter(self.topics, msg, str(exc), SERVICE))
             return
         self.clock.load_definition(job_id, msg.value(), msg.offset(), _timestamp(msg))
@@ -225,8 +225,8 @@ class Leader:
                 records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
         self._unprocessed.clear()
         records += [self._state_record(c) for c in self.clock.reconcile()]
-        records += self._pending_retry_fixes
-        self._pending_retry_fixes = []
+        records += self._pending_fixes
+        self._pending_fixes = []
         offsets = [TopicPartition(tp.topic, 0, last_offset + 1)] if last_offset >= 0 else None
         await self._commit(records, offsets)
         self._loading = False
@@ -251,8 +251,10 @@ class Leader:
         try:
             key = UUID(decode_key(msg.key()))
         except (DecodeError, ValueError):
-            self._pending_retry_fixes.append(
-                dead_letter(self.topics, msg, "key is not an execution id", SERVICE))
+            if msg.value() is not None:
+                self._pending_fixes.append(
+                    dead_letter(self.topics, msg, "key is not an execution id", SERVICE))
+                self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         if msg.value() is None:
             self.clock.cancel_retry(key)
@@ -261,8 +263,8 @@ class Leader:
             request = decode(RetryRequest, msg.value(), key=msg.key(), key_field="execution_id")
         except DecodeError as exc:
             # Dead-letter it and tombstone the key, so no later leader sees it again.
-            self._pending_retry_fixes.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-            self._pending_retry_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
+            self._pending_fixes.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+            self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         self.clock.add_retry(request)
 
@@ -285,7 +287,7 @@ class Leader:
         while self._active:
             now = time_ms()
             due = self.clock.next_due_ms()
-            if (not self._pending_defs and not self._pending_retry_fixes
+            if (not self._pending_defs and not self._pending_fixes
                     and (due is None or due > now)):
                 timeout = 1.0 if due is None else min(1.0, (due - now) / 1000)
                 self._wake.clear()
@@ -324,8 +326,8 @@ class Leader:
                 return
             defs, self._pending_defs = self._pending_defs, []
             records = self._definition_records(defs)
-            records += self._pending_retry_fixes
-            self._pending_retry_fixes = []
+            records += self._pending_fixes
+            self._pending_fixes = []
             offsets = None
             if defs:
                 offsets = [TopicPartition(self.topics.job_definitions, 0, defs[-1].offset() + 1)]

@@ -1,0 +1,94 @@
+"""`init` is idempotent, and the projection's SQL guard holds in a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from cronstream.services.monitor.projection import fold, patch_arrays
+from cronstream.shared.db import apply_migrations, connect, migrations, query
+from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.records import ExecutionEvent
+from cronstream.shared.settings import Settings
+from tests.support import sql
+
+T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
+
+
+def test_topics_are_created_once_with_documented_partitions_and_configs(settings: Settings) -> None:
+    specs = settings.topics.specs()
+    assert {s.name for s in specs} == set(ensure_topics(settings, specs))
+    assert ensure_topics(settings, specs) == [], "a second init creates nothing"
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    metadata = admin.list_topics(timeout=10).topics
+    assert len(metadata[settings.topics.job_definitions].partitions) == 1
+    assert len(metadata[settings.topics.job_due].partitions) == settings.topic_partitions
+    assert len(metadata[settings.topics.execution_events].partitions) == settings.topic_partitions
+
+
+def test_migrations_apply_once(database_url: str) -> None:
+    async def run() -> list[str]:
+        conn = await connect(database_url)
+        try:
+            return await apply_migrations(conn)
+        finally:
+            await conn.close()
+
+    assert asyncio.run(run()) == [], "the template already holds every migration"
+    versions = [r["version"] for r in sql(database_url, "SELECT version FROM schema_migrations")]
+    assert versions == [m.version for m in migrations()]
+    columns = {r["column_name"] for r in sql(
+        database_url, "SELECT column_name FROM information_schema.columns "
+                      "WHERE table_name = 'job_executions'")}
+    assert {"execution_id", "job_id", "run_id", "status", "scheduled_at", "queued_at", "started_at",
+            "completed_at", "worker_id", "attempt_number", "error_message", "result", "progress",
+            "progress_message"} <= columns
+
+
+def event(execution: uuid.UUID, status: str, second: int, **fields: Any) -> ExecutionEvent:
+    return ExecutionEvent(event_id=uuid.uuid4(), execution_id=execution, job_id="j",
+                          run_id=uuid.uuid4(), status=status, attempt_number=1, scheduled_at=T0,
+                          occurred_at=T0 + timedelta(seconds=second), **fields)
+
+
+def upsert(url: str, events: list[ExecutionEvent]) -> None:
+    async def run() -> None:
+        conn = await connect(url)
+        try:
+            await conn.execute(query("upsert_executions"), *patch_arrays(list(fold(events).values())))
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def row(url: str, execution: uuid.UUID) -> Any:
+    return sql(url, "SELECT * FROM job_executions WHERE execution_id = $1", execution)[0]
+
+
+def test_guard_terminal_rows_are_never_overwritten(database_url: str) -> None:
+    e = uuid.uuid4()
+    upsert(database_url, [event(e, "RUNNING", 1, worker_id="w1")])
+    upsert(database_url, [event(e, "COMPLETED", 2, worker_id="w1", result={"n": 1})])
+    upsert(database_url, [event(e, "FAILED", 3, worker_id="w1", error_message="late")])
+    r = row(database_url, e)
+    assert (r["status"], r["error_message"]) == ("COMPLETED", None)
+
+
+def test_guard_stale_deliveries_are_ignored_and_newer_ones_reset_the_run(database_url: str) -> None:
+    e = uuid.uuid4()
+    upsert(database_url, [event(e, "RUNNING", 1, worker_id="w1"),
+                          event(e, "PROGRESS", 2, worker_id="w1", progress=50)])
+    upsert(database_url, [event(e, "REQUEUED", 3, delivery=2)])
+    r = row(database_url, e)
+    assert (r["status"], r["worker_id"], r["progress"], r["delivery"]) == ("QUEUED", None, None, 2)
+    upsert(database_url, [event(e, "COMPLETED", 4, worker_id="w1", delivery=1)])
+    assert row(database_url, e)["status"] == "QUEUED", "the dead worker's report is stale"
+    upsert(database_url, [event(e, "RUNNING", 5, worker_id="w2", delivery=2),
+                          event(e, "COMPLETED", 6, worker_id="w2", delivery=2)])
+    r = row(database_url, e)
+    assert (r["status"], r["worker_id"], r["delivery"]) == ("COMPLETED", "w2", 2)

@@ -1,0 +1,172 @@
+"""Test helpers: polling with a deadline, service processes, Kafka and SQL shortcuts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from cronstream.shared.settings import Settings
+
+T = TypeVar("T")
+
+
+def eventually(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.2,
+               message: str = "condition") -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{message} not met within {timeout}s (last value: {last!r})")
+
+
+def sql(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(url)
+        try:
+            return await conn.fetch(statement, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "CRONSTREAM_DATABASE_URL": settings.database_url,
+        "CRONSTREAM_TOPIC_PREFIX": settings.topic_prefix,
+        "CRONSTREAM_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS": str(settings.heartbeat_interval_seconds),
+        "CRONSTREAM_WORKER_DEAD_AFTER_SECONDS": str(settings.worker_dead_after_seconds),
+        "CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS": str(settings.scheduler_session_timeout_ms),
+        "CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS": str(settings.worker_drain_grace_seconds),
+        "CRONSTREAM_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+class ServiceProcess:
+    """A `python -m cronstream ...` child process with its output in a log file."""
+
+    def __init__(self, args: list[str], settings: Settings, log_dir: Path, name: str,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = env_for(settings)
+        env.update(extra_env or {})
+        self._out = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cronstream", *args], env=env, stdout=self._out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 60.0, count: int = 1) -> None:
+        def seen() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited ({self.proc.returncode}):\n"
+                                     f"{self.log()[-3000:]}")
+            return self.log().count(needle) >= count
+        eventually(seen, timeout, message=f"{self.name} logging {needle!r}")
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 40.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._out.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,
+            headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Publish one record as any plain Kafka client would."""
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "enable.idempotence": True})
+    producer.produce(topic, value, key, headers=headers)
+    assert producer.flush(30) == 0
+
+
+def produce_json(settings: Settings, topic: str, key: str, value: dict[str, Any]) -> None:
+    produce(settings, topic, key.encode(), json.dumps(value).encode())
+
+
+def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Message]:
+    """Every committed record of `topic`, read to its current end."""
+    consumer = Consumer({
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        "group.id": "tests-reader", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True,
+    })
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
+        ends = {}
+        for p in metadata.partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout)
+            if high > 0:
+                ends[p] = high
+        if not ends:
+            return []
+        consumer.assign([TopicPartition(topic, p, -2) for p in ends])
+        records: list[Message] = []
+        pending = set(ends)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is not None:
+                    if msg.partition() in pending and msg.offset() >= ends[msg.partition()]:
+                        pending.discard(msg.partition())
+                    continue
+                records.append(msg)
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    pending.discard(msg.partition())
+        return records
+    finally:
+        consumer.close()
+
+
+def header(msg: Message, name: str) -> str | None:
+    for key, value in msg.headers() or []:
+        if key == name:
+            return value.decode()
+    return None

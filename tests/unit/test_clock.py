@@ -1,0 +1,143 @@
+"""The scheduler's clock: plans, commits, restores, misfires, retries and takeover."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cronstream.services.scheduler.clock import Clock
+from cronstream.shared.ids import execution_id
+from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest, SchedulerState
+from cronstream.shared.schedule import to_epoch_ms
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def ms(t: datetime) -> int:
+    return to_epoch_ms(t)
+
+
+def definition(job_id: str = "j", **fields: Any) -> JobDefinition:
+    base = {"job_id": job_id, "type": "INTERVAL", "interval_seconds": 10, "handler": "noop"}
+    return JobDefinition(**{**base, **fields})
+
+
+def clock_with(d: JobDefinition, observed: datetime = T0) -> Clock:
+    clock = Clock()
+    clock.apply_definition(d.job_id, d, d.to_json(), offset=0, observed_ms=ms(observed))
+    return clock
+
+
+def test_fires_at_the_instant_and_advances_only_on_commit() -> None:
+    clock = clock_with(definition())
+    assert clock.next_due_ms() == ms(T0)
+    assert not clock.plan(ms(T0) - 1)
+    plan = clock.plan(ms(T0))
+    assert [d.scheduled_at for d in plan.dues] == [T0]
+    assert plan.dues[0].execution_id == execution_id("j", T0, 1)
+    assert plan.states[0].state.next_fire_at == T0 + timedelta(seconds=10)
+    clock.restore(plan)  # aborted: the same fire comes again
+    again = clock.plan(ms(T0))
+    assert [d.execution_id for d in again.dues] == [d.execution_id for d in plan.dues]
+    clock.commit(again)
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=10))
+    assert not clock.plan(ms(T0 + timedelta(seconds=9)))
+
+
+def late(clock: Clock, seconds: float) -> list[datetime]:
+    plan = clock.plan(ms(T0 + timedelta(seconds=seconds)))
+    clock.commit(plan)
+    return [d.scheduled_at for d in plan.dues]
+
+
+def test_late_within_grace_fires_normally() -> None:
+    clock = clock_with(definition(misfire_policy="SKIP", misfire_grace_seconds=60))
+    assert late(clock, 30) == [T0]
+
+
+def test_misfire_fire_once_fires_the_first_missed_instant_then_resumes_after_now() -> None:
+    clock = clock_with(definition(misfire_policy="FIRE_ONCE", misfire_grace_seconds=5))
+    assert late(clock, 95) == [T0]
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=100))
+
+
+def test_misfire_fire_all_fires_every_missed_instant() -> None:
+    clock = clock_with(definition(misfire_policy="FIRE_ALL", misfire_grace_seconds=5))
+    assert late(clock, 95) == [T0 + timedelta(seconds=s) for s in range(0, 100, 10)]
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=100))
+
+
+def test_misfire_skip_fires_nothing_and_resumes_after_now() -> None:
+    clock = clock_with(definition(misfire_policy="SKIP", misfire_grace_seconds=5))
+    assert late(clock, 95) == []
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=100))
+
+
+def test_pause_update_and_delete() -> None:
+    d = definition()
+    clock = clock_with(d)
+    clock.commit(clock.plan(ms(T0)))
+    paused = d.model_copy(update={"enabled": False})
+    change = clock.apply_definition("j", paused, paused.to_json(), 1, ms(T0 + timedelta(seconds=1)))
+    assert change.state.next_fire_at is None and clock.next_due_ms() is None
+    resumed = d.model_copy(update={"interval_seconds": 60})
+    clock.apply_definition("j", resumed, resumed.to_json(), 2, ms(T0 + timedelta(seconds=75)))
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=120)), "resumes from now, new interval"
+    tombstone = clock.apply_definition("j", None, None, 3, ms(T0 + timedelta(seconds=80)))
+    assert tombstone.state is None and clock.next_due_ms() is None
+
+
+def test_an_invalid_definition_suspends_the_job() -> None:
+    clock = clock_with(definition())
+    change = clock.apply_definition("j", None, b'{"job_id": 5}', 1, ms(T0))
+    assert change.state is not None and change.state.next_fire_at is None
+    assert clock.next_due_ms() is None
+
+
+def test_takeover_trusts_matching_state_and_recomputes_stale_state() -> None:
+    trusted, stale = definition("trusted"), definition("stale", interval_seconds=30)
+    clock = Clock()
+    clock.load_state("trusted", SchedulerState(job_id="trusted", definition_offset=0,
+                                               next_fire_at=T0 + timedelta(seconds=7)))
+    clock.load_state("stale", SchedulerState(job_id="stale", definition_offset=0,
+                                             next_fire_at=T0, last_fire_at=T0 - timedelta(seconds=30)))
+    clock.load_state("gone", SchedulerState(job_id="gone", definition_offset=0, next_fire_at=T0))
+    clock.load_definition("trusted", trusted.to_json(), 0, ms(T0))
+    clock.load_definition("stale", stale.to_json(), 1, ms(T0))
+    changes = {c.job_id: c.state for c in clock.reconcile()}
+    assert "trusted" not in changes, "matching state needs no new record"
+    assert changes["stale"].next_fire_at == T0 and changes["stale"].definition_offset == 1
+    assert changes["gone"] is None
+    assert clock.jobs["trusted"]._definition is None, "trusted jobs are not even parsed"
+    assert clock.next_due_ms() == ms(T0)
+
+
+def test_retries_fire_once_and_can_be_cancelled() -> None:
+    clock = Clock()
+    snapshot = JobSnapshot(handler="noop")
+    requests = [RetryRequest(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(),
+                             scheduled_at=T0 + timedelta(seconds=i), attempt_number=2,
+                             reason="RETRY", idempotency_key="k", job=snapshot,
+                             due_at=T0 + timedelta(seconds=i)) for i in range(3)]
+    for r in requests:
+        clock.add_retry(r)
+    clock.cancel_retry(requests[1].execution_id)
+    plan = clock.plan(ms(T0 + timedelta(seconds=5)))
+    assert [d.execution_id for d in plan.dues] == [requests[0].execution_id, requests[2].execution_id]
+    assert all(d.reason == "RETRY" for d in plan.dues)
+    clock.commit(plan)
+    assert not clock.plan(ms(T0 + timedelta(seconds=60)))
+
+
+def test_a_burst_is_planned_in_bounded_batches() -> None:
+    clock = Clock()
+    for i in range(25):
+        d = definition(f"j{i}", interval_seconds=60)
+        clock.apply_definition(d.job_id, d, d.to_json(), i, ms(T0))
+    first = clock.plan(ms(T0), limit=10)
+    assert len(first.dues) == 10
+    clock.commit(first)
+    rest = clock.plan(ms(T0), limit=100)
+    assert len(rest.dues) == 15
+    assert {d.job_id for d in first.dues}.isdisjoint({d.job_id for d in rest.dues})

@@ -1,0 +1,54 @@
+"""The monitor's fold: terminal states are final, stale deliveries are ignored."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cronstream.services.monitor.projection import fold
+from cronstream.shared.records import ExecutionEvent
+
+T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
+EXECUTION, RUN = uuid.uuid4(), uuid.uuid4()
+
+
+def event(status: str, second: int, **fields: Any) -> ExecutionEvent:
+    return ExecutionEvent(event_id=uuid.uuid4(), execution_id=EXECUTION, job_id="j", run_id=RUN,
+                          status=status, attempt_number=1, scheduled_at=T0,
+                          occurred_at=T0 + timedelta(seconds=second), **fields)
+
+
+def test_lifecycle_accumulates_fields() -> None:
+    patch = fold([
+        event("QUEUED", 0, priority="high", queue="q"),
+        event("RUNNING", 1, worker_id="w1", started_at=T0 + timedelta(seconds=1)),
+        event("PROGRESS", 2, worker_id="w1", progress=40, progress_message="half"),
+        event("COMPLETED", 3, worker_id="w1", result={"ok": 1}, progress=100),
+    ])[EXECUTION]
+    assert (patch.status, patch.worker_id, patch.priority, patch.queue, patch.progress) == (
+        "COMPLETED", "w1", "high", "q", 100)
+    assert patch.queued_at == T0 and patch.started_at == T0 + timedelta(seconds=1)
+    assert patch.completed_at == T0 + timedelta(seconds=3) and patch.result == '{"ok":1}'
+
+
+def test_terminal_is_final() -> None:
+    patch = fold([event("RUNNING", 1, worker_id="w1"), event("CANCELLED", 2, worker_id="w1"),
+                  event("COMPLETED", 3, worker_id="w1")])[EXECUTION]
+    assert patch.status == "CANCELLED"
+
+
+def test_a_zombie_report_of_an_older_delivery_is_ignored() -> None:
+    patch = fold([
+        event("RUNNING", 1, worker_id="w1"),
+        event("PROGRESS", 2, worker_id="w1", progress=40),
+        event("REQUEUED", 3, delivery=2),
+        event("RUNNING", 4, worker_id="w2", delivery=2),
+        event("COMPLETED", 5, worker_id="w1", delivery=1),
+    ])[EXECUTION]
+    assert (patch.status, patch.delivery, patch.worker_id, patch.progress) == ("RUNNING", 2, "w2", None)
+
+
+def test_progress_alone_means_running() -> None:
+    patch = fold([event("PROGRESS", 1, worker_id="w1", progress=10)])[EXECUTION]
+    assert patch.status == "RUNNING" and patch.last_event == "PROGRESS"

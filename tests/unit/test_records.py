@@ -1,0 +1,102 @@
+"""The record contract: strict, closed, frozen models with errors that name the field."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from pydantic import ValidationError
+
+from cronstream.shared.codec import DecodeError, decode, describe
+from cronstream.shared.records import (
+    ExecutionEvent,
+    JobDefinition,
+    JobDue,
+    JobSnapshot,
+    RetryRequest,
+)
+
+BASE = {"job_id": "nightly.report-1", "type": "CRON", "schedule": "0 2 * * *", "handler": "noop"}
+
+
+def errors_of(data: dict[str, object]) -> str:
+    with pytest.raises(ValidationError) as caught:
+        JobDefinition.model_validate_json(json.dumps(data))
+    return describe(caught.value)
+
+
+def test_defaults_follow_the_spec() -> None:
+    d = JobDefinition.model_validate_json(json.dumps(BASE))
+    assert (d.timezone, d.max_retries, d.retry_delay_seconds, d.max_retry_delay_seconds,
+            d.timeout_seconds, d.priority, d.queue, d.concurrency_policy, d.misfire_policy,
+            d.misfire_grace_seconds, d.enabled, d.trigger_rule, d.schema_version) == (
+        "UTC", 0, 10, 3600, 3600, "normal", "default", "ALLOW", "FIRE_ONCE", 60, True,
+        "ALL_SUCCESS", 1)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"job_id": "no spaces allowed"}, "job_id: String should match pattern"),
+    ({"job_id": "x" * 129}, "job_id"),
+    ({"schedule": "* * *"}, "schedule: invalid cron expression"),
+    ({"timezone": "Europe/Atlantis"}, "timezone: unknown IANA timezone"),
+    ({"schedule": None}, "schedule is required for type CRON"),
+    ({"interval_seconds": 5}, "interval_seconds is only allowed for type INTERVAL"),
+    ({"type": "INTERVAL", "schedule": None, "interval_seconds": 0}, "interval_seconds: Input should be greater than or equal to 1"),
+    ({"type": "INTERVAL", "schedule": None, "interval_seconds": "5"}, "interval_seconds: Input should be a valid integer"),
+    ({"type": "ONE_TIME", "schedule": None}, "run_at is required for type ONE_TIME"),
+    ({"type": "DEPENDENT", "schedule": None}, "depends_on is required for type DEPENDENT"),
+    ({"type": "DEPENDENT", "schedule": None, "depends_on": ["nightly.report-1"]}, "cannot depend on itself"),
+    ({"condition": "a.result.x > 1"}, "condition is only allowed for type DEPENDENT"),
+    ({"params": {"blob": "x" * 70_000}}, "params: is 70011 bytes of JSON; the limit is 65536"),
+    ({"handler": "os.system('rm -rf /')"}, "handler: String should match pattern"),
+    ({"priority": "urgent"}, "priority: Input should be 'high', 'normal' or 'low'"),
+    ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+    ({"start_at": "2026-01-01T00:00:00"}, "start_at: Input should have timezone info"),
+    ({"start_at": "2026-02-01T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"}, "end_at must be later than start_at"),
+    ({"max_retries": -1}, "max_retries: Input should be greater than or equal to 0"),
+    ({"timeout_seconds": 0}, "timeout_seconds: Input should be greater than 0"),
+    ({"enabled": "yes"}, "enabled: Input should be a valid boolean"),
+])
+def test_invalid_definitions_name_the_field(change: dict[str, object], needle: str) -> None:
+    assert needle in errors_of({**BASE, **change})
+
+
+def test_times_are_utc_and_models_are_frozen() -> None:
+    d = JobDefinition(**BASE, start_at=datetime(2026, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))))
+    assert d.start_at == datetime(2026, 1, 1, tzinfo=UTC) and d.start_at.tzinfo == UTC
+    with pytest.raises(ValidationError):
+        d.job_id = "other"  # type: ignore[misc]
+
+
+def test_job_due_and_retry_request_round_trip() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    due = JobDue(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(), scheduled_at=now,
+                 reason="SCHEDULE", idempotency_key="k", job=JobSnapshot(handler="noop"))
+    assert JobDue.model_validate_json(due.to_json()) == due
+    retry = RetryRequest(**due.model_dump(), due_at=now + timedelta(seconds=5))
+    assert retry.job_due() == due
+    assert json.loads(retry.to_json())["due_at"] == "2026-01-01T00:00:05Z"
+
+
+def test_event_result_is_limited() -> None:
+    fields = dict(event_id=uuid.uuid4(), execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(),
+                  status="COMPLETED", attempt_number=1, scheduled_at=datetime.now(UTC),
+                  occurred_at=datetime.now(UTC))
+    ExecutionEvent(**fields, result={"ok": "x" * 1000})
+    with pytest.raises(ValidationError, match="limit is 65536"):
+        ExecutionEvent(**fields, result={"big": "x" * 70_000})
+
+
+def test_decode_checks_key_size_and_nulls() -> None:
+    raw = json.dumps(BASE).encode()
+    assert decode(JobDefinition, raw, key=b"nightly.report-1", key_field="job_id").job_id == BASE["job_id"]
+    with pytest.raises(DecodeError, match="does not match job_id"):
+        decode(JobDefinition, raw, key=b"other", key_field="job_id")
+    with pytest.raises(DecodeError, match="null value"):
+        decode(JobDefinition, None)
+    with pytest.raises(DecodeError, match="limit"):
+        decode(JobDefinition, b" " * 300_000)
+    with pytest.raises(DecodeError, match="invalid JobDefinition"):
+        decode(JobDefinition, b"\xff\xfe")

@@ -1,0 +1,50 @@
+"""The generated JSON Schemas match the models; definition files load with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cronstream.client import DefinitionError, load_definitions
+from cronstream.shared.schemagen import MODELS, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_schema_files_match_the_models(name: str) -> None:
+    path = ROOT / "schemas" / f"{name}.schema.json"
+    assert path.read_text() == render(name, MODELS[name]), \
+        f"{path} is stale: run `make schemas` and commit the result"
+
+
+def test_examples_are_valid() -> None:
+    definitions = load_definitions(ROOT / "examples" / "jobs.yaml")
+    assert {d.type for d in definitions} >= {"CRON", "INTERVAL"}
+
+
+def test_multi_document_yaml_lists_and_jobs_key(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  - {job_id: a, type: INTERVAL, interval_seconds: 5, handler: noop}\n"
+                    "  - {job_id: b, type: ONE_TIME, run_at: 2030-01-01T00:00:00Z, handler: noop}\n")
+    assert [d.job_id for d in load_definitions(path)] == ["a", "b"]
+
+
+def test_every_problem_is_reported_with_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text("job_id: a\ntype: CRON\nschedule: '* *'\nhandler: noop\n---\n"
+                    "job_id: a\ntype: INTERVAL\ninterval_seconds: 5\nhandler: noop\n---\n"
+                    "- not a mapping\n")
+    with pytest.raises(DefinitionError) as caught:
+        load_definitions(path)
+    message = str(caught.value)
+    assert "definition #1 (job_id 'a'): schedule: invalid cron expression" in message
+    assert "definition #3: expected a mapping" in message
+
+
+def test_naive_times_in_yaml_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text("job_id: a\ntype: ONE_TIME\nrun_at: 2030-01-01 10:00:00\nhandler: noop\n")
+    with pytest.raises(DefinitionError, match="run_at: Input should have timezone info"):
+        load_definitions(path)
