@@ -144,7 +144,21 @@ class ConsumerThread:
         return await loop.run_in_executor(self._executor, fn, *args)
 
     async def consume(self, max_messages: int, timeout: float) -> list[Message]:
-        return await self.call(self.consumer.consume, max_messages, timeout)
+        """Up to `max_messages`, returning as soon as any are available.
+
+        `Consumer.consume(n, timeout)` waits until n records arrive or the timeout ends,
+        which turns a batch size into latency. Instead: wait for the first record with
+        `poll`, then take whatever else is already fetched without waiting.
+        """
+        return await self.call(self._consume, max_messages, timeout)
+
+    def _consume(self, max_messages: int, timeout: float) -> list[Message]:
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        if max_messages <= 1:
+            return [first]
+        return [first, *self.consumer.consume(max_messages - 1, 0)]
 
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run on the consumer thread from a non-event-loop context."""

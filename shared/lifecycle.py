@@ -1,16 +1,18 @@
 """One lifecycle for every service.
 
 A service is an object with a `name` and `async run(stopping)`. `run_service` configures
-logging, installs SIGTERM/SIGINT handlers that set `stopping` (a second signal exits at
-once), runs the service to completion and returns its exit code. Services finish their
-in-flight work and close their Kafka clients when `stopping` is set; the whole shutdown
-stays well inside Kubernetes' default 30 s grace period.
+logging, installs SIGTERM/SIGINT handlers that set `stopping` (a second Ctrl-C exits at
+once; a repeated SIGTERM changes nothing), runs the service to completion and returns its
+exit code. Services finish their in-flight work and close their Kafka clients when
+`stopping` is set; the whole shutdown stays well inside Kubernetes' default 30 s grace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -27,6 +29,19 @@ class Service(Protocol):
     name: str
 
     async def run(self, stopping: asyncio.Event) -> None: ...
+
+
+def _die_with_parent() -> None:
+    """With CRONSTREAM_PARENT_PID set (by `cronstream dev`), get SIGTERM when that parent
+    dies, even by SIGKILL, so no service outlives the command that started it (Linux)."""
+    parent = os.environ.get("CRONSTREAM_PARENT_PID")
+    if not parent:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_service(service: Service, settings: Settings) -> int:
@@ -47,19 +62,26 @@ async def _main(service: Service) -> None:
 
     def on_signal(signum: int) -> None:
         if stopping.is_set():
-            log(logger, "service_killed", logging.WARNING, signal=signal.Signals(signum).name)
-            os._exit(130)
+            # SIGTERM is idempotent (orchestrators and parent-death signals may repeat it);
+            # a second Ctrl-C is a person insisting: exit now.
+            if signum == signal.SIGINT:
+                log(logger, "service_killed", logging.WARNING, signal="SIGINT")
+                os._exit(130)
+            return
         log(logger, "service_stopping", signal=signal.Signals(signum).name)
         stopping.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    _die_with_parent()
     try:
         await service.run(stopping)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
+            # The service has stopped; a late signal must not cut the last cleanup short.
+            signal.signal(signum, signal.SIG_IGN)
 
 
 async def wait_or_stop(stopping: asyncio.Event, timeout: float) -> bool:

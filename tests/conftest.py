@@ -193,8 +193,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for proc in reversed(self.started):
-            if proc.alive():
-                proc.stop()
+            proc.stop()
 
 
 @pytest.fixture

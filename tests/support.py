@@ -109,7 +109,8 @@ class ServiceProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        self._out.close()
+        if not self._out.closed:
+            self._out.close()
         return self.proc.returncode
 
     def kill(self) -> None:

@@ -33,9 +33,12 @@ def _examples_dir(given: str | None) -> Path:
 
 def _spawn(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> subprocess.Popen[bytes]:
     out = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115  (owned by the child)
+    # A session of its own: Ctrl-C reaches `dev` only, which then stops each service once.
+    # CRONSTREAM_PARENT_PID makes the service stop by itself if `dev` dies (lifecycle.py).
+    env = {**env, "CRONSTREAM_PARENT_PID": str(os.getpid())}
     return subprocess.Popen(
         [sys.executable, "-m", "cronstream", *args], env=env, stdout=out,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
 
 

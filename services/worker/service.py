@@ -137,7 +137,10 @@ class WorkerService:
         self._hb = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
         conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
-            **{"partition.assignment.strategy": "cooperative-sticky"},
+            # range: every work topic (one per tier) is spread over all workers on its own.
+            # (cooperative-sticky balances the total count and can leave a worker with only
+            # the empty tiers.)
+            **{"partition.assignment.strategy": "range"},
         )
         consumer = self._consumer = ConsumerThread(conf, "worker")
         await consumer.call(lambda: consumer.consumer.subscribe(
@@ -206,7 +209,10 @@ class WorkerService:
         starts: list[Running] = []
         records: list[OutRecord] = []
         offsets: dict[tuple[str, int], int] = {}
-        free = self.capacity - len(self.running) if starting and self.status == "ACTIVE" else 0
+        # A slot frees when its handler returns, not when its report commits: the report
+        # and the next start share this transaction.
+        busy = len(self.running) - len(self._finished)
+        free = self.capacity - busy if starting and self.status == "ACTIVE" else 0
         while free > len(starts):
             msg = self._next_buffered()
             if msg is None:
@@ -323,7 +329,7 @@ class WorkerService:
             run, status, completed_at=done.completed_at, error_message=outcome.error,
             result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
         ))
-        log(logger, "execution_finished", logging.INFO if status == "COMPLETED" else logging.WARNING,
+        log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
             job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
             attempt=run.due.attempt_number, error=outcome.error)
         return records
@@ -413,7 +419,7 @@ class WorkerService:
     # -- rebalance callbacks (consumer thread) ----------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.incremental_assign(partitions)
+        consumer.assign(partitions)
         if self._paused and partitions:
             consumer.pause(partitions)
 
@@ -427,4 +433,4 @@ class WorkerService:
                         m for m in q if (m.topic(), m.partition()) not in revoked)
 
             self._loop.call_soon_threadsafe(drop)
-        consumer.incremental_unassign(partitions)
+        consumer.unassign()

@@ -1,0 +1,121 @@
+"""What every benchmark shares: an isolated system (own topic prefix, own database),
+service processes, SQL, percentiles, and writing the figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from cronstream.shared.db import apply_migrations, connect
+from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.settings import Settings
+from tests.support import ServiceProcess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": max(values) if values else float("nan"),
+            "count": len(values)}
+
+
+def fetch(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(url)
+        try:
+            return await conn.fetch(statement, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+@dataclass
+class BenchSystem:
+    """A fresh prefix and database; processes stopped by `close`."""
+
+    name: str
+    partitions: int = 6
+    settings: Settings = field(init=False)
+    procs: list[ServiceProcess] = field(default_factory=list)
+    log_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        base = Settings.from_env()
+        db = f"bench_{self.name}_{uuid.uuid4().hex[:6]}"
+        url = urlunsplit(urlsplit(base.database_url)._replace(path=f"/{db}"))
+        admin = urlunsplit(urlsplit(base.database_url)._replace(path="/postgres"))
+
+        async def create() -> None:
+            conn = await connect(admin)
+            try:
+                await conn.execute(f'CREATE DATABASE "{db}"')
+            finally:
+                await conn.close()
+            conn = await connect(url)
+            try:
+                await apply_migrations(conn)
+            finally:
+                await conn.close()
+
+        asyncio.run(create())
+        self.db_name, self.admin_url = db, admin
+        self.settings = base.model_copy(update={
+            "database_url": url, "topic_prefix": f"b{uuid.uuid4().hex[:8]}.",
+            "topic_partitions": self.partitions, "heartbeat_interval_seconds": 2,
+        })
+        ensure_topics(self.settings, self.settings.topics.specs())
+        self.log_dir = RESULTS / "logs" / self.name
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, *args: str, name: str, env: dict[str, str] | None = None) -> ServiceProcess:
+        proc = ServiceProcess(list(args), self.settings, self.log_dir, name, env)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+        async def drop() -> None:
+            conn = await connect(self.admin_url)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
+
+
+def write_result(name: str, figures: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        **figures,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(json.dumps(payload, indent=2, default=str))
+    return path
