@@ -18,7 +18,8 @@ NAMESPACE = UUID("8f0b7f5e-1a7c-5c1e-9d7e-6372306e7374")
 
 def wire_time(t: datetime) -> str:
     """RFC 3339 UTC with milliseconds, the canonical text of an instant in an id."""
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}.{t.microsecond // 1000:03d}Z")
 
 
 def run_id(job_id: str, origin: datetime) -> UUID:

@@ -49,7 +49,7 @@ class Settings(BaseModel):
     )
     worker_queues: list[QueueName] = Field(default_factory=lambda: ["default"])
     worker_drain_grace_seconds: Annotated[float, Field(ge=0)] = 30
-    scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 10_000
+    scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
     kafka_config: dict[str, str] = Field(default_factory=dict)
     log_level: str = "INFO"
 

@@ -47,7 +47,7 @@ from cronstream.shared.kafka import (
     reader_config,
 )
 from cronstream.shared.logs import log
-from cronstream.shared.records import JobDefinition, RetryRequest, SchedulerState
+from cronstream.shared.records import JobDefinition, RetryRequest
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import new_traceparent, trace_headers
 
@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "scheduler"
 FIRE_LIMIT = 5000  # fires per transaction; a larger backlog takes several rounds
+DEFINITIONS_PER_ROUND = 10_000
 
 
 def time_ms() -> int:
@@ -177,13 +178,9 @@ class Leader:
 
         def load_state(messages: list[Message]) -> None:
             for msg in messages:
-                job_id = msg.key().decode("utf-8", "replace") if msg.key() else ""
-                value = msg.value()
-                try:
-                    state = None if value is None else SchedulerState.model_validate_json(value)
-                except ValueError:
-                    state = None  # our own topic; an unreadable state is recomputed
-                self.clock.load_state(job_id, state)
+                key = msg.key()
+                if key:
+                    self.clock.load_state(key.decode("utf-8", "replace"), msg.value())
 
         state_reader = ConsumerThread(reader_config(self.settings, "scheduler-state"), "state")
         try:
@@ -314,17 +311,21 @@ class Leader:
             change = self.clock.apply_definition(
                 job_id, definition, value, msg.offset(), _timestamp(msg))
             records.append(self._state_record(change))
-            next_fire = change.state.next_fire_at if change.state else None
             log(logger, "definition_applied" if value is not None else "definition_deleted",
+                logging.DEBUG if len(msgs) > 10 else logging.INFO,
                 job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,
-                next_fire_at=next_fire.isoformat() if next_fire else None)
+                next_fire_ms=change.next_fire_ms)
+        if len(msgs) > 10:
+            log(logger, "definitions_applied", count=len(msgs), last_offset=msgs[-1].offset())
         return records
 
     async def _round(self, now_ms: int) -> None:
         async with self._txn_lock:
             if not self._active:
                 return
-            defs, self._pending_defs = self._pending_defs, []
+            # Bounded: a bulk upload of definitions takes several short transactions.
+            defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
+            del self._pending_defs[:DEFINITIONS_PER_ROUND]
             records = self._definition_records(defs)
             records += self._pending_fixes
             self._pending_fixes = []
@@ -340,14 +341,15 @@ class Leader:
                 raise
             self.clock.commit(plan)
             if plan.dues:
-                lags = [now_ms - int(d.scheduled_at.timestamp() * 1000) for d in plan.dues]
-                log(logger, "jobs_fired", fired=len(plan.dues), max_lag_ms=max(lags),
+                committed_ms = time_ms()
+                log(logger, "jobs_fired", fired=len(plan.dues),
+                    max_lag_ms=committed_ms - min(d.scheduled_ms for d in plan.dues),
                     first_job_id=plan.dues[0].job_id,
-                    first_scheduled_at=plan.dues[0].scheduled_at.isoformat())
+                    first_scheduled_ms=plan.dues[0].scheduled_ms)
 
     def _plan_records(self, plan: FirePlan) -> list[OutRecord]:
         records = [
-            OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+            OutRecord(self.topics.job_due, due.job_id.encode(), due.value,
                       trace_headers(new_traceparent()))
             for due in plan.dues
         ]
@@ -356,8 +358,7 @@ class Leader:
         return records
 
     def _state_record(self, change: StateChange) -> OutRecord:
-        value = None if change.state is None else change.state.to_json()
-        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), value)
+        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), change.value)
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
         if not records and not offsets:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cronstream.services.scheduler.clock import Clock
-from cronstream.shared.ids import execution_id
-from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest, SchedulerState
-from cronstream.shared.schedule import to_epoch_ms
+import pytest
+
+from cronstream.services.scheduler.clock import Clock, JobClock, render_due, render_state
+from cronstream.shared.ids import execution_id, idempotency_key, run_id
+from cronstream.shared.records import (
+    JobDefinition,
+    JobDue,
+    JobSnapshot,
+    RetryRequest,
+    SchedulerState,
+)
+from cronstream.shared.schedule import from_epoch_ms, to_epoch_ms
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -34,9 +43,9 @@ def test_fires_at_the_instant_and_advances_only_on_commit() -> None:
     assert clock.next_due_ms() == ms(T0)
     assert not clock.plan(ms(T0) - 1)
     plan = clock.plan(ms(T0))
-    assert [d.scheduled_at for d in plan.dues] == [T0]
+    assert [d.scheduled_ms for d in plan.dues] == [ms(T0)]
     assert plan.dues[0].execution_id == execution_id("j", T0, 1)
-    assert plan.states[0].state.next_fire_at == T0 + timedelta(seconds=10)
+    assert plan.states[0].next_fire_ms == ms(T0 + timedelta(seconds=10))
     clock.restore(plan)  # aborted: the same fire comes again
     again = clock.plan(ms(T0))
     assert [d.execution_id for d in again.dues] == [d.execution_id for d in plan.dues]
@@ -48,7 +57,7 @@ def test_fires_at_the_instant_and_advances_only_on_commit() -> None:
 def late(clock: Clock, seconds: float) -> list[datetime]:
     plan = clock.plan(ms(T0 + timedelta(seconds=seconds)))
     clock.commit(plan)
-    return [d.scheduled_at for d in plan.dues]
+    return [from_epoch_ms(d.scheduled_ms) for d in plan.dues]
 
 
 def test_late_within_grace_fires_normally() -> None:
@@ -80,37 +89,60 @@ def test_pause_update_and_delete() -> None:
     clock.commit(clock.plan(ms(T0)))
     paused = d.model_copy(update={"enabled": False})
     change = clock.apply_definition("j", paused, paused.to_json(), 1, ms(T0 + timedelta(seconds=1)))
-    assert change.state.next_fire_at is None and clock.next_due_ms() is None
+    assert change.next_fire_ms is None and clock.next_due_ms() is None
     resumed = d.model_copy(update={"interval_seconds": 60})
     clock.apply_definition("j", resumed, resumed.to_json(), 2, ms(T0 + timedelta(seconds=75)))
     assert clock.next_due_ms() == ms(T0 + timedelta(seconds=120)), "resumes from now, new interval"
     tombstone = clock.apply_definition("j", None, None, 3, ms(T0 + timedelta(seconds=80)))
-    assert tombstone.state is None and clock.next_due_ms() is None
+    assert tombstone.value is None and clock.next_due_ms() is None
 
 
 def test_an_invalid_definition_suspends_the_job() -> None:
     clock = clock_with(definition())
     change = clock.apply_definition("j", None, b'{"job_id": 5}', 1, ms(T0))
-    assert change.state is not None and change.state.next_fire_at is None
+    assert change.value is not None and change.next_fire_ms is None
     assert clock.next_due_ms() is None
+
+
+def state(job_id: str, offset: int, next_at: datetime | None, last_at: datetime | None = None) -> bytes:
+    return SchedulerState(job_id=job_id, definition_offset=offset,
+                          next_fire_ms=None if next_at is None else ms(next_at),
+                          last_fire_ms=None if last_at is None else ms(last_at)).to_json()
 
 
 def test_takeover_trusts_matching_state_and_recomputes_stale_state() -> None:
     trusted, stale = definition("trusted"), definition("stale", interval_seconds=30)
     clock = Clock()
-    clock.load_state("trusted", SchedulerState(job_id="trusted", definition_offset=0,
-                                               next_fire_at=T0 + timedelta(seconds=7)))
-    clock.load_state("stale", SchedulerState(job_id="stale", definition_offset=0,
-                                             next_fire_at=T0, last_fire_at=T0 - timedelta(seconds=30)))
-    clock.load_state("gone", SchedulerState(job_id="gone", definition_offset=0, next_fire_at=T0))
+    clock.load_state("trusted", state("trusted", 0, T0 + timedelta(seconds=7)))
+    clock.load_state("stale", state("stale", 0, T0, T0 - timedelta(seconds=30)))
+    clock.load_state("gone", state("gone", 0, T0))
+    clock.load_state("garbage", b"not json")
     clock.load_definition("trusted", trusted.to_json(), 0, ms(T0))
     clock.load_definition("stale", stale.to_json(), 1, ms(T0))
-    changes = {c.job_id: c.state for c in clock.reconcile()}
-    assert "trusted" not in changes, "matching state needs no new record"
-    assert changes["stale"].next_fire_at == T0 and changes["stale"].definition_offset == 1
-    assert changes["gone"] is None
+    changes = {c.job_id: c for c in clock.reconcile()}
+    assert set(changes) == {"stale", "gone"}, "matching state needs no new record"
+    recomputed = SchedulerState.model_validate_json(changes["stale"].value or b"")
+    assert recomputed.next_fire_ms == ms(T0) and recomputed.definition_offset == 1
+    assert changes["gone"].value is None
     assert clock.jobs["trusted"]._definition is None, "trusted jobs are not even parsed"
     assert clock.next_due_ms() == ms(T0)
+
+
+@pytest.mark.parametrize("fire", [T0, T0 + timedelta(milliseconds=123)])
+def test_fast_renderers_match_the_models_byte_for_byte(fire: datetime) -> None:
+    d = definition(params={"idempotency_key": 'x"y', "n": [1, 2.5, None]}, priority="high")
+    job = JobClock("j", 0, d.to_json())
+    rendered = render_due(job, fire)
+    expected = JobDue(execution_id=execution_id("j", fire, 1), job_id="j", run_id=run_id("j", fire),
+                      scheduled_at=fire, attempt_number=1, reason="SCHEDULE",
+                      idempotency_key=idempotency_key("j", fire, d.params),
+                      job=JobSnapshot.of(d))
+    assert rendered.value == expected.to_json()
+    assert rendered.execution_id == expected.execution_id
+    for next_ms, last_ms in ((ms(fire), None), (None, ms(fire))):
+        model = SchedulerState(job_id="j", definition_offset=7, next_fire_ms=next_ms, last_fire_ms=last_ms)
+        assert render_state("j", 7, next_ms, last_ms) == model.to_json()
+    assert json.loads(rendered.value)["job"]["priority"] == "high"
 
 
 def test_retries_fire_once_and_can_be_cancelled() -> None:
@@ -125,7 +157,7 @@ def test_retries_fire_once_and_can_be_cancelled() -> None:
     clock.cancel_retry(requests[1].execution_id)
     plan = clock.plan(ms(T0 + timedelta(seconds=5)))
     assert [d.execution_id for d in plan.dues] == [requests[0].execution_id, requests[2].execution_id]
-    assert all(d.reason == "RETRY" for d in plan.dues)
+    assert all(json.loads(d.value)["reason"] == "RETRY" for d in plan.dues)
     clock.commit(plan)
     assert not clock.plan(ms(T0 + timedelta(seconds=60)))
 
