@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
 from cronstream.shared.schedule import first_fire, upcoming
 
@@ -124,4 +125,43 @@ def preview(path: str, start: str | None, count: int) -> None:
                        f"{local.isoformat(timespec='seconds')} {local.tzname()}")
 
 
-COMMANDS = [apply, delete, pause, resume, trigger, preview]
+@click.command()
+@click.argument("job_id")
+@click.option("--from", "start", required=True, help="First instant, ISO 8601 with offset.")
+@click.option("--to", "end", required=True, help="Last instant (inclusive), ISO 8601 with offset.")
+@click.option("--max", "limit", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Refuse a range with more fires than this.")
+@click.option("--dry-run", is_flag=True, help="List what would run; send nothing.")
+@pass_state
+def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry_run: bool) -> None:
+    """Run the fires of JOB_ID's schedule between --from and --to that have no execution
+    yet (reason BACKFILL). Each gets the execution_id its scheduled fire would have had,
+    so a backfill never duplicates a run and running it twice changes nothing."""
+    first, last = _parse_time(start), _parse_time(end)
+    if last < first:
+        raise click.BadParameter("--to is before --from")
+    settings = state.settings()
+    with Client(settings) as client:
+        definition = client.get(job_id)
+        if definition is None:
+            raise click.ClickException(f"no job {job_id!r}")
+        if definition.type == "DEPENDENT":
+            raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
+        fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)
+                 if f <= last]
+        if len(fires) > limit:
+            raise click.ClickException(f"more than {limit} fires in that range; narrow it or "
+                                       f"raise --max")
+        existing = {r["scheduled_at"] for r in fetch(settings, "executions_at", job_id, fires)}
+        missing = [f for f in fires if f not in existing]
+        click.echo(f"{job_id}: {len(fires)} fire(s) in range, {len(existing)} already ran, "
+                   f"{len(missing)} to backfill" + (" (dry run)" if dry_run else ""))
+        for fire in missing:
+            if dry_run:
+                click.echo(f"  would run {fire.isoformat()}")
+            else:
+                execution = client.submit(definition, fire, "BACKFILL")
+                click.echo(f"  {fire.isoformat()}  execution {execution}")
+
+
+COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill]

@@ -24,13 +24,13 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple
-from uuid import UUID, uuid5
+from uuid import UUID
 
 from pydantic import ValidationError
 
-from cronstream.shared.ids import NAMESPACE, idempotency_key, wire_time
+from cronstream.shared.ids import fast_uuid5, idempotency_key, wire_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest
 from cronstream.shared.schedule import first_fire, next_fire
@@ -40,13 +40,7 @@ from cronstream.shared.schedule import to_epoch_ms as to_ms
 logger = logging.getLogger(__name__)
 
 _JOB, _RETRY = 0, 1
-
-
-def _json_time(t: datetime) -> str:
-    """An aware UTC datetime as pydantic writes it (microseconds only when non-zero)."""
-    base = (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
-            f"{t.second:02d}")
-    return f"{base}.{t.microsecond:06d}Z" if t.microsecond else f"{base}Z"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(slots=True)
@@ -62,7 +56,7 @@ class JobClock:
     last_fire_ms: int | None = None
     _definition: JobDefinition | None = None
     _snapshot: JobSnapshot | None = None
-    _fragments: tuple[str, str] | None = None
+    _fragments: tuple[str, str, str | None] | None = None
 
     @property
     def definition(self) -> JobDefinition:
@@ -76,10 +70,14 @@ class JobClock:
             self._snapshot = JobSnapshot.of(self.definition)
         return self._snapshot
 
-    def fragments(self) -> tuple[str, str]:
-        """(job_id as JSON, snapshot as JSON), cached."""
+    def fragments(self) -> tuple[str, str, str | None]:
+        """(job_id as JSON, snapshot as JSON, the fixed idempotency key or None), cached."""
         if self._fragments is None:
-            self._fragments = (json.dumps(self.job_id), self.snapshot.model_dump_json())
+            snapshot = self.snapshot
+            given = snapshot.params.get("idempotency_key")
+            fixed = idempotency_key(self.job_id, _EPOCH, snapshot.params) \
+                if isinstance(given, str) and given else None
+            self._fragments = (json.dumps(self.job_id), snapshot.model_dump_json(), fixed)
         return self._fragments
 
 
@@ -88,7 +86,7 @@ class Fire(NamedTuple):
 
     job_id: str
     scheduled_ms: int
-    execution_id: UUID
+    execution_id: str
     value: bytes
 
 
@@ -108,18 +106,18 @@ def render_state(job_id: str, offset: int, next_ms: int | None, last_ms: int | N
             f'"last_fire_ms":{"null" if last_ms is None else last_ms}}}').encode()
 
 
-def render_due(job: JobClock, fire: datetime) -> Fire:
-    """The first-attempt JobDue of `job` at `fire`, as JobDue(...).to_json() would be."""
-    job_json, snapshot_json = job.fragments()
-    wire = wire_time(fire)
-    execution = uuid5(NAMESPACE, f"exec|{job.job_id}|{wire}|1")
-    run = uuid5(NAMESPACE, f"run|{job.job_id}|{wire}")
-    key = idempotency_key(job.job_id, fire, job.snapshot.params)
+def render_due(job: JobClock, fire_ms: int) -> Fire:
+    """The first-attempt JobDue of `job` at `fire_ms`, as JobDue(...).to_json() would be."""
+    job_json, snapshot_json, fixed_key = job.fragments()
+    wire, json_time = wire_time_ms(fire_ms)
+    execution = fast_uuid5(f"exec|{job.job_id}|{wire}|1")
+    run = fast_uuid5(f"run|{job.job_id}|{wire}")
+    key = json.dumps(fixed_key if fixed_key is not None else f"{job.job_id}@{wire}")
     value = (f'{{"schema_version":1,"execution_id":"{execution}","job_id":{job_json},'
-             f'"run_id":"{run}","scheduled_at":"{_json_time(fire)}","attempt_number":1,'
-             f'"reason":"SCHEDULE","delivery":1,"idempotency_key":{json.dumps(key)},'
+             f'"run_id":"{run}","scheduled_at":"{json_time}","attempt_number":1,'
+             f'"reason":"SCHEDULE","delivery":1,"idempotency_key":{key},'
              f'"job":{snapshot_json}}}').encode()
-    return Fire(job.job_id, to_ms(fire), execution, value)
+    return Fire(job.job_id, fire_ms, execution, value)
 
 
 @dataclass(slots=True)
@@ -282,7 +280,7 @@ class Clock:
             plan._popped.append(entry)
             if kind == _RETRY:
                 request = self.retries[UUID(key)]
-                plan.dues.append(Fire(request.job_id, due, request.execution_id,
+                plan.dues.append(Fire(request.job_id, due, str(request.execution_id),
                                       request.job_due().to_json()))
                 plan.fired_retries.append(request.execution_id)
             else:
@@ -296,34 +294,43 @@ class Clock:
         except ValidationError:  # cannot happen for a job with a next fire; be safe
             plan._updates.append((job.job_id, None, job.last_fire_ms))
             return
-        due = from_ms(job.next_fire_ms)
-        now = from_ms(now_ms)
-        late = (now_ms - job.next_fire_ms) / 1000 > definition.misfire_grace_seconds
-        fires: list[datetime] = []
+        due_ms = job.next_fire_ms
+        late = (now_ms - due_ms) / 1000 > definition.misfire_grace_seconds
+        fires: list[int] = []
+        following: int | None
         if not late:
-            fires.append(due)
-            following = next_fire(definition, due)
+            fires.append(due_ms)
+            following = self._following(definition, due_ms)
         elif definition.misfire_policy == "FIRE_ALL":
-            t: datetime | None = due
-            while t is not None and t <= now and len(plan.dues) + len(fires) < limit:
+            t: int | None = due_ms
+            while t is not None and t <= now_ms and len(plan.dues) + len(fires) < limit:
                 fires.append(t)
-                t = next_fire(definition, t)
+                t = self._following(definition, t)
             following = t
         else:
             if definition.misfire_policy == "FIRE_ONCE":
-                fires.append(due)
+                fires.append(due_ms)
             else:
                 plan.skipped += 1
-            following = next_fire(definition, now)
+            following = self._following(definition, now_ms)
         if late:
             log(logger, "misfire", logging.WARNING, job_id=job.job_id,
-                policy=definition.misfire_policy, due=due.isoformat(), fired=len(fires))
+                policy=definition.misfire_policy, due_ms=due_ms, fired=len(fires))
         plan.dues.extend(render_due(job, fire) for fire in fires)
-        last_ms = to_ms(fires[-1]) if fires else job.last_fire_ms
-        next_ms = None if following is None else to_ms(following)
-        plan._updates.append((job.job_id, next_ms, last_ms))
+        last_ms = fires[-1] if fires else job.last_fire_ms
+        plan._updates.append((job.job_id, following, last_ms))
         plan.states.append(StateChange(
-            job.job_id, render_state(job.job_id, job.offset, next_ms, last_ms), next_ms))
+            job.job_id, render_state(job.job_id, job.offset, following, last_ms), following))
+
+    @staticmethod
+    def _following(definition: JobDefinition, after_ms: int) -> int | None:
+        """The next fire after `after_ms`. The common INTERVAL case stays in integers."""
+        if (definition.type == "INTERVAL" and definition.start_at is None
+                and definition.end_at is None and definition.interval_seconds is not None):
+            step = definition.interval_seconds * 1000
+            return (after_ms // step + 1) * step
+        fire = next_fire(definition, from_ms(after_ms))
+        return None if fire is None else to_ms(fire)
 
     def commit(self, plan: FirePlan) -> None:
         """The plan's transaction committed: advance the clock."""

@@ -334,6 +334,7 @@ class Leader:
                 offsets = [TopicPartition(self.topics.job_definitions, 0, defs[-1].offset() + 1)]
             plan = self.clock.plan(now_ms, FIRE_LIMIT)
             records += self._plan_records(plan)
+            planned_ms = time_ms()
             try:
                 await self._commit(records, offsets)
             except BaseException:
@@ -344,6 +345,7 @@ class Leader:
                 committed_ms = time_ms()
                 log(logger, "jobs_fired", fired=len(plan.dues),
                     max_lag_ms=committed_ms - min(d.scheduled_ms for d in plan.dues),
+                    plan_ms=planned_ms - now_ms, commit_ms=committed_ms - planned_ms,
                     first_job_id=plan.dues[0].job_id,
                     first_scheduled_ms=plan.dues[0].scheduled_ms)
 

@@ -177,3 +177,7 @@ SELECT version FROM schema_migrations;
 
 -- name: record_migration
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: executions_at
+SELECT scheduled_at FROM job_executions
+WHERE job_id = $1 AND attempt_number = 1 AND scheduled_at = ANY($2::timestamptz[]);
