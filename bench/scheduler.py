@@ -1,0 +1,235 @@
+"""Scheduler benchmarks (SPEC §9).
+
+    python -m bench.scheduler                  # all four
+    python -m bench.scheduler fire_lag burst   # some
+
+- fire_lag: 1,000 INTERVAL jobs spread over each second (1,000 fires/s); fire lag is
+  scheduled_at → the JobDue visible to a read_committed consumer. Target p99 ≤ 100 ms.
+- burst: 10,000 ONE_TIME jobs due in the same second, through scheduler and dispatcher;
+  time until every QUEUED event is visible. Target ≤ 2 s.
+- takeover: 1,000,000 CRON definitions; SIGKILL the leader; time until the standby is
+  ready, and its RSS. Target ≤ 30 s, ≤ 2 GB.
+- failover: SIGKILL the leader 5 times; time from kill to the next committed fire, and
+  duplicate / missed fires of a 1-second INTERVAL job. Target ≤ 10 s, 0 and 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psutil
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.harness import BenchSystem, summary, write_result
+from cronstream.shared.settings import Settings
+from tests.support import ServiceProcess, eventually
+
+
+def publisher(settings: Settings) -> Producer:
+    return Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                     "enable.idempotence": True, "linger.ms": 20, "batch.size": 1_000_000,
+                     "compression.type": "lz4", "queue.buffering.max.messages": 2_000_000})
+
+
+def publish(producer: Producer, topic: str, items: list[tuple[str, dict[str, Any]]]) -> None:
+    for key, value in items:
+        while True:
+            try:
+                producer.produce(topic, json.dumps(value, separators=(",", ":")).encode(), key.encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(120) == 0
+
+
+def tail_topic(settings: Settings, topic: str, seconds: float,
+               on_record: Callable[[Any, float], None], stop: Callable[[], bool] | None = None) -> None:
+    """Read `topic` from its current end for `seconds` (or until `stop()`), calling
+    `on_record(message, receive_time)`."""
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "group.id": "bench-tail", "isolation.level": "read_committed",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, -1) for p in partitions])
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and not (stop and stop()):
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None:
+                continue
+            on_record(msg, time.time())
+            for more in consumer.consume(10_000, 0):
+                if more.error() is None:
+                    on_record(more, time.time())
+    finally:
+        consumer.close()
+
+
+def scheduled_ms(value: bytes) -> int:
+    due = json.loads(value)
+    return int(datetime.fromisoformat(due["scheduled_at"].replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def fire_lag() -> dict[str, Any]:
+    jobs, seconds = int(os.environ.get("BENCH_JOBS", "1000")), int(os.environ.get("BENCH_SECONDS", "30"))
+    system = BenchSystem("fire_lag")
+    try:
+        scheduler = system.start("scheduler", name="scheduler")
+        scheduler.wait_for_log("action=leader_ready")
+        base = datetime(2026, 1, 1, tzinfo=UTC)
+        items = [(f"lag-{i:05d}", {"job_id": f"lag-{i:05d}", "type": "INTERVAL", "interval_seconds": 1,
+                                   "start_at": (base + timedelta(milliseconds=i * 1000 // jobs)).isoformat(),
+                                   "handler": "noop"}) for i in range(jobs)]
+        publish(publisher(system.settings), system.settings.topics.job_definitions, items)
+        time.sleep(5)  # let every job reach its steady state before measuring
+        lags: list[float] = []
+        tail_topic(system.settings, system.settings.topics.job_due, seconds,
+                   lambda msg, now: lags.append(now * 1000 - scheduled_ms(msg.value())))
+        stats = summary(lags)
+        return {"params": {"jobs": jobs, "fires_per_second": jobs, "seconds": seconds},
+                "observed_fires_per_second": round(len(lags) / seconds, 1),
+                "fire_lag_ms": {k: round(v, 1) for k, v in stats.items()}}
+    finally:
+        system.close()
+
+
+def burst() -> dict[str, Any]:
+    jobs = int(os.environ.get("BENCH_BURST_JOBS", "10000"))
+    system = BenchSystem("burst")
+    try:
+        scheduler = system.start("scheduler", name="scheduler")
+        system.start("dispatcher", name="dispatcher").wait_for_log("action=dispatcher_started")
+        scheduler.wait_for_log("action=leader_ready")
+        due = (datetime.now(UTC) + timedelta(seconds=25)).replace(microsecond=0)
+        items = [(f"burst-{i:05d}", {"job_id": f"burst-{i:05d}", "type": "ONE_TIME",
+                                     "run_at": due.isoformat(), "handler": "noop"}) for i in range(jobs)]
+        publish(publisher(system.settings), system.settings.topics.job_definitions, items)
+        queued: list[float] = []
+        tail_topic(system.settings, system.settings.topics.execution_events, 60,
+                   lambda msg, now: queued.append(now), stop=lambda: len(queued) >= jobs)
+        due_s = due.timestamp()
+        return {"params": {"jobs": jobs, "due_at": due.isoformat()},
+                "queued": len(queued),
+                "all_queued_after_seconds": round(max(queued) - due_s, 3) if queued else None,
+                "half_queued_after_seconds": round(sorted(queued)[len(queued) // 2] - due_s, 3)
+                if queued else None}
+    finally:
+        system.close()
+
+
+def takeover() -> dict[str, Any]:
+    jobs = int(os.environ.get("BENCH_DEFINITIONS", "1000000"))
+    system = BenchSystem("takeover", partitions=3)
+    try:
+        first = system.start("scheduler", "--instance-id", "first", name="scheduler-first")
+        first.wait_for_log("action=leader_ready")
+        started = time.monotonic()
+        producer = publisher(system.settings)
+        batch = 50_000
+        for lo in range(0, jobs, batch):
+            publish(producer, system.settings.topics.job_definitions, [
+                (f"cron-{i:07d}", {"job_id": f"cron-{i:07d}", "type": "CRON",
+                                   "schedule": f"{i % 60} {(i // 60) % 24} * * *",
+                                   "timezone": "Europe/Berlin" if i % 2 else "UTC",
+                                   "handler": "noop", "params": {"i": i}})
+                for i in range(lo, min(jobs, lo + batch))])
+        published = time.monotonic() - started
+        applied = re.compile(r"action=definitions_applied count=\d+ last_offset=(\d+)")
+
+        def caught_up() -> bool:
+            offsets = [int(m) for m in applied.findall(first.log())]
+            return bool(offsets) and max(offsets) >= jobs - 1
+        eventually(caught_up, 1800, interval=2, message="the first leader processed every definition")
+        processed = time.monotonic() - started
+        second = system.start("scheduler", "--instance-id", "second", name="scheduler-second")
+        second.wait_for_log("action=scheduler_standby")
+        time.sleep(3)  # let the standby join the group before the kill
+        killed = time.monotonic()
+        first.kill()
+        second.wait_for_log("action=leader_ready", timeout=300)
+        ready_after = time.monotonic() - killed
+        rss = psutil.Process(second.pid).memory_info().rss
+        took = re.findall(r"action=leader_ready .*takeover_seconds=([\d.]+)", second.log())
+        return {"params": {"definitions": jobs,
+                           "session_timeout_ms": system.settings.scheduler_session_timeout_ms},
+                "publish_seconds": round(published, 1),
+                "first_leader_processed_all_after_seconds": round(processed, 1),
+                "ready_after_kill_seconds": round(ready_after, 2),
+                "takeover_seconds_after_assignment": float(took[-1]) if took else None,
+                "leader_rss_mb": round(rss / 2**20)}
+    finally:
+        system.close()
+
+
+def failover() -> dict[str, Any]:
+    kills = int(os.environ.get("BENCH_KILLS", "5"))
+    system = BenchSystem("failover")
+    try:
+        schedulers: list[ServiceProcess] = [
+            system.start("scheduler", "--instance-id", f"s{i}", name=f"scheduler-{i}") for i in range(2)]
+        eventually(lambda: any("action=leader_ready" in s.log() for s in schedulers), 60)
+        publish(publisher(system.settings), system.settings.topics.job_definitions,
+                [("tick", {"job_id": "tick", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})])
+        times: list[float] = []
+        fires: list[int] = []
+        generation = 2
+        for _ in range(kills):
+            time.sleep(4)
+            leader = next(s for s in schedulers if s.alive() and s.log().count("action=leader_ready")
+                          > s.log().count("action=leader_stepped_down"))
+            killed_at = time.time()
+            leader.kill()
+            seen: list[float] = []
+            tail_topic(system.settings, system.settings.topics.job_due, 60,
+                       lambda msg, now: seen.append(now), stop=lambda: bool(seen))
+            times.append(seen[0] - killed_at if seen else float("nan"))
+            schedulers.remove(leader)
+            schedulers.append(system.start("scheduler", "--instance-id", f"s{generation}",
+                                           name=f"scheduler-{generation}"))
+            generation += 1
+        time.sleep(3)
+        consumer = Consumer({"bootstrap.servers": system.settings.kafka_bootstrap_servers,
+                             "group.id": "bench-read", "isolation.level": "read_committed",
+                             "enable.partition.eof": True})
+        topic = system.settings.topics.job_due
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+        eof: set[int] = set()
+        while len(eof) < len(partitions):
+            for msg in consumer.consume(1000, 1):
+                if msg.error() is not None:
+                    eof.add(msg.partition())
+                elif json.loads(msg.value())["attempt_number"] == 1:
+                    fires.append(scheduled_ms(msg.value()))
+        consumer.close()
+        counts = Counter(fires)
+        ordered = sorted(counts)
+        missed = sum((b - a) // 1000 - 1 for a, b in zip(ordered, ordered[1:], strict=False))
+        return {"params": {"kills": kills, "session_timeout_ms": system.settings.scheduler_session_timeout_ms},
+                "next_fire_after_kill_seconds": [round(t, 2) for t in times],
+                "max_seconds": round(max(times), 2),
+                "fires": len(fires), "duplicate_fires": sum(n - 1 for n in counts.values()),
+                "missed_fires": missed}
+    finally:
+        system.close()
+
+
+BENCHES = {"fire_lag": fire_lag, "burst": burst, "takeover": takeover, "failover": failover}
+
+
+def main(names: list[str] | None = None) -> None:
+    for name in names or list(BENCHES):
+        print(f"--- scheduler.{name}", flush=True)
+        write_result(f"scheduler_{name}", BENCHES[name]())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or None)
