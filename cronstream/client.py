@@ -37,6 +37,9 @@ from cronstream.shared.kafka import (
 )
 from cronstream.shared.records import (
     MAX_DEFINITION_BYTES,
+    Command,
+    CommandKind,
+    ExecutionEvent,
     JobDefinition,
     JobDue,
     JobSnapshot,
@@ -211,6 +214,26 @@ class Client:
         if definition is None:
             raise DefinitionError(f"no job {job_id!r}")
         return self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
+
+    def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
+                job_id: str | None = None) -> Command:
+        """Publish an operator command (CANCEL, APPROVE, REJECT) about one execution."""
+        command = Command(command=kind, execution_id=execution_id, job_id=job_id, reason=reason,
+                          issued_at=datetime.now(UTC),
+                          issued_by=f"{getpass.getuser()}@{socket.gethostname()}")
+        self._producer.produce(OutRecord(self.topics.commands, str(execution_id).encode(),
+                                         command.to_json(), trace_headers(new_traceparent())))
+        self._producer.flush()
+        return command
+
+    def publish_event(self, event: ExecutionEvent) -> None:
+        self._producer.produce(OutRecord(self.topics.execution_events, event.job_id.encode(),
+                                         event.to_json(), trace_headers(new_traceparent())))
+        self._producer.flush()
+
+    def cancel(self, execution_id: UUID, reason: str | None = None) -> Command:
+        """Cancel an execution: skipped if not started yet, stopped if running."""
+        return self.command("CANCEL", execution_id, reason or "cancelled by an operator")
 
     def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
         due = JobDue(

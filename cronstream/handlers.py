@@ -38,6 +38,9 @@ class HandlerSpec:
     name: str
     func: Callable[..., Any]
     is_async: bool
+    # Runs on the worker's event loop instead of a pool process: only for handlers that
+    # never block (their timeout can then only be cooperative). The built-in noop is one.
+    inline: bool = False
 
 
 class HandlerRegistry:
@@ -45,10 +48,10 @@ class HandlerRegistry:
         self._handlers: dict[str, HandlerSpec] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, func: Callable[..., Any]) -> HandlerSpec:
+    def register(self, name: str, func: Callable[..., Any], inline: bool = False) -> HandlerSpec:
         if not _NAME.match(name):
             raise ValueError(f"handler name {name!r} must match {_NAME.pattern}")
-        spec = HandlerSpec(name, func, inspect.iscoroutinefunction(func))
+        spec = HandlerSpec(name, func, inspect.iscoroutinefunction(func), inline)
         with self._lock:
             existing = self._handlers.get(name)
             if existing is not None and existing.func is not func:
@@ -67,11 +70,16 @@ class HandlerRegistry:
 REGISTRY = HandlerRegistry()
 
 
-def handler(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as the handler called `name`."""
+def handler(name: str, *, inline: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the handler called `name`.
+
+    Handlers run in a pool of worker processes, where a timeout or a cancellation can
+    stop any code for real. `inline=True` runs a handler on the worker's event loop
+    instead — cheaper, but only for code that never blocks.
+    """
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
-        REGISTRY.register(name, func)
+        REGISTRY.register(name, func, inline)
         return func
 
     return register

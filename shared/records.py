@@ -318,6 +318,25 @@ class Heartbeat(Record):
     queues: list[QueueName] = Field(default_factory=list)
 
 
+CommandKind = Literal["CANCEL", "APPROVE", "REJECT"]
+
+
+class Command(Record):
+    """An operator's instruction about one execution, on `commands` (key: execution_id).
+
+    CANCEL: workers skip the execution if they have not started it and stop it if they
+    run it. APPROVE / REJECT: the monitor releases or skips an execution waiting in
+    AWAITING_APPROVAL.
+    """
+
+    command: CommandKind
+    execution_id: UUID
+    job_id: JobId | None = None
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    issued_at: UtcDatetime
+    issued_by: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
 class SchedulerState(Record):
     """The leader's durable per-job clock, on the compacted `scheduler-state` topic.
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cronstream.shared.records import (
+    Command,
     ExecutionEvent,
     Heartbeat,
     JobDefinition,
@@ -30,6 +31,7 @@ MODELS: dict[str, type[Record]] = {
     "execution-event": ExecutionEvent,
     "heartbeat": Heartbeat,
     "retry-request": RetryRequest,
+    "command": Command,
 }
 
 

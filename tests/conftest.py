@@ -174,7 +174,16 @@ class Processes:
         self.started.append(proc)
         return proc
 
-    def system(self, workers: int = 1) -> dict[str, ServiceProcess]:
+    def worker(self, worker_id: str, *args: str, extra_env: dict[str, str] | None = None,
+               wait: bool = True) -> ServiceProcess:
+        proc = self.start("worker", "--worker-id", worker_id, "--import",
+                          "tests.e2e.handlers_for_tests", *args, name=f"worker-{worker_id}",
+                          extra_env=extra_env)
+        if wait:
+            proc.wait_for_log("action=partitions_assigned")
+        return proc
+
+    def system(self, workers: int = 1, worker_args: tuple[str, ...] = ()) -> dict[str, ServiceProcess]:
         """All four services, ready: the scheduler leading, the others consuming."""
         procs = {
             "monitor": self.start("monitor"),
@@ -182,12 +191,11 @@ class Processes:
             "scheduler": self.start("scheduler", "--instance-id", "s1", name="scheduler"),
         }
         for i in range(1, workers + 1):
-            procs[f"worker-{i}"] = self.start("worker", "--worker-id", f"w{i}",
-                                              name=f"worker-{i}")
+            procs[f"worker-{i}"] = self.worker(f"w{i}", *worker_args, wait=False)
         procs["scheduler"].wait_for_log("action=leader_ready")
         procs["dispatcher"].wait_for_log("action=dispatcher_started")
         for i in range(1, workers + 1):
-            procs[f"worker-{i}"].wait_for_log("action=worker_started")
+            procs[f"worker-{i}"].wait_for_log("action=partitions_assigned")
         procs["monitor"].wait_for_log("action=partitions_assigned")
         return procs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import click
@@ -9,6 +10,7 @@ import click
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
+from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent
 from cronstream.shared.schedule import first_fire, upcoming
 
 
@@ -164,4 +166,29 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
                 click.echo(f"  {fire.isoformat()}  execution {execution}")
 
 
-COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill]
+@click.command()
+@click.argument("execution_id", type=click.UUID)
+@click.option("--reason", help="Why; recorded with the CANCELLED event.")
+@pass_state
+def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
+    """Cancel a queued or running execution (CANCELLED)."""
+    settings = state.settings()
+    rows = fetch(settings, "execution_by_id", execution_id)
+    row = rows[0] if rows else None
+    if row is not None and row["status"] in TERMINAL_STATUSES:
+        raise click.ClickException(f"execution {execution_id} already ended: {row['status']}")
+    reason = reason or "cancelled by an operator"
+    with Client(settings) as client:
+        client.cancel(execution_id, reason)
+        if row is not None and row["status"] in ("QUEUED", "AWAITING_APPROVAL"):
+            # Not started: record it at once; a worker that reaches the work record skips it.
+            client.publish_event(ExecutionEvent(
+                event_id=uuid.uuid4(), execution_id=execution_id, job_id=row["job_id"],
+                run_id=row["run_id"], status="CANCELLED", attempt_number=row["attempt_number"],
+                scheduled_at=row["scheduled_at"], occurred_at=datetime.now(UTC),
+                completed_at=datetime.now(UTC), delivery=row["delivery"], error_message=reason))
+    state_text = row["status"] if row is not None else "not yet projected"
+    click.echo(f"cancel sent for {execution_id} (was {state_text})")
+
+
+COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel]

@@ -49,7 +49,7 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
     """Run a worker for the given queues."""
     from cronstream.handlers import REGISTRY
     from cronstream.services.worker import builtins
-    from cronstream.services.worker.runner import InlineRunner
+    from cronstream.services.worker.pool import PoolRunner
     from cronstream.services.worker.service import WorkerService
 
     for module in imports:
@@ -64,7 +64,7 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
         worker_id=worker_id, worker_concurrency=concurrency,
         worker_queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
     )
-    runner = InlineRunner(REGISTRY)
+    runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports), allow_shell)
     sys.exit(run_service(WorkerService(settings, runner), settings))
 
 

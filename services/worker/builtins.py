@@ -8,9 +8,9 @@ from typing import Any
 from cronstream.handlers import Context, NonRetryableError, handler
 
 
-@handler("noop")
+@handler("noop", inline=True)
 def noop(ctx: Context) -> dict[str, Any]:
-    """Returns its params."""
+    """Returns its params (inline: it cannot block)."""
     return ctx.params
 
 

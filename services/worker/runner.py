@@ -1,4 +1,4 @@
-"""Running one handler for one execution and turning what happens into an Outcome.
+"""What running one execution produces, and the pieces every runner shares.
 
 The registry is the only way from a handler name to code: an unknown name is a
 permanent failure before anything runs, whatever the name looks like.
@@ -10,13 +10,14 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cronstream.handlers import Context, HandlerRegistry, NonRetryableError
+from cronstream.handlers import Context
 from cronstream.shared.records import MAX_RESULT_BYTES, JobDue
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
+ProgressFn = Callable[[float, str | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,27 +31,66 @@ class Outcome:
         return self.status in ("FAILED", "TIMED_OUT")
 
 
-def check_result(result: Any) -> Outcome:
+@dataclass
+class CancelSignal:
+    """Set once when an execution must stop (cancelled, replaced, or the worker drains);
+    readable from handler threads and awaitable on the event loop."""
+
+    reason: str = ""
+    _flag: threading.Event = field(default_factory=threading.Event)
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def set(self, reason: str) -> None:
+        if self._flag.is_set():
+            return
+        self.reason = reason
+        self._flag.set()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.get_loop().call_soon_threadsafe(waiter.set_result, None)
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    async def wait(self) -> None:
+        if self._flag.is_set():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiters.remove(waiter)
+
+    @property
+    def flag(self) -> threading.Event:
+        return self._flag
+
+
+def encode_result(result: Any) -> tuple[str | None, str | None]:
+    """(JSON of the result, None) or (None, why it is not acceptable)."""
     try:
-        encoded = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+        encoded = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
-        return Outcome("FAILED", error=f"result is not JSON: {exc}")
-    if len(encoded) > MAX_RESULT_BYTES:
-        return Outcome("FAILED", error=f"result is {len(encoded)} bytes of JSON; "
-                                       f"the limit is {MAX_RESULT_BYTES}")
+        return None, f"result is not JSON: {exc}"
+    size = len(encoded.encode())
+    if size > MAX_RESULT_BYTES:
+        return None, f"result is {size} bytes of JSON; the limit is {MAX_RESULT_BYTES}"
+    return encoded, None
+
+
+def check_result(result: Any) -> Outcome:
+    _, problem = encode_result(result)
+    if problem is not None:
+        return Outcome("FAILED", error=problem)
     return Outcome("COMPLETED", result=result)
 
 
 def describe_error(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text[:8000]
+    return f"{type(exc).__name__}: {exc}"[:8000]
 
 
-def make_context(
-    due: JobDue,
-    progress: Callable[[float, str | None], None],
-    cancel: threading.Event,
-) -> Context:
+def make_context(due: JobDue, progress: ProgressFn, cancel: threading.Event) -> Context:
     return Context(
         execution_id=due.execution_id,
         job_id=due.job_id,
@@ -62,41 +102,3 @@ def make_context(
         _progress=progress,
         _cancel=cancel,
     )
-
-
-class InlineRunner:
-    """Runs handlers in this process: async ones on the loop, sync ones on threads.
-
-    A timeout here is cooperative (the handler is told through its context and no
-    longer awaited); `PoolRunner` is the one that can stop any code for real.
-    """
-
-    def __init__(self, registry: HandlerRegistry) -> None:
-        self.registry = registry
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def run(
-        self, due: JobDue, progress: Callable[[float, str | None], None], cancel: threading.Event,
-    ) -> Outcome:
-        spec = self.registry.get(due.job.handler)
-        if spec is None:
-            return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
-        ctx = make_context(due, progress, cancel)
-        call = spec.func(ctx) if spec.is_async else asyncio.to_thread(spec.func, ctx)
-        try:
-            result = await asyncio.wait_for(call, due.job.timeout_seconds)
-        except TimeoutError:
-            cancel.set()
-            return Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s")
-        except NonRetryableError as exc:
-            return Outcome("PERMANENTLY_FAILED", error=describe_error(exc))
-        except Exception as exc:
-            return Outcome("FAILED", error=describe_error(exc))
-        if cancel.is_set():
-            return Outcome("CANCELLED", result=result, error="cancelled")
-        return check_result(result)

@@ -19,9 +19,8 @@ import contextlib
 import logging
 import random
 import socket
-import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -30,7 +29,7 @@ from uuid import UUID, uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from cronstream.services.worker.runner import Outcome
+from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.kafka import (
     ConsumerThread,
@@ -44,11 +43,14 @@ from cronstream.shared.kafka import (
     ensure_topics,
     log_consumer_error,
     producer_config,
+    read_to_end,
+    reader_config,
 )
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
 from cronstream.shared.records import (
     PRIORITIES,
+    Command,
     ExecutionEvent,
     ExecutionStatus,
     Heartbeat,
@@ -63,6 +65,10 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "worker"
 PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
+PRIORITY_FILL_SECONDS = 0.2  # after an assignment, buffer this long before the first start
+
+
+CANCELLED_MEMORY = 100_000  # cancelled execution ids remembered
 
 
 class Runner(Protocol):
@@ -70,7 +76,7 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    async def run(self, due: JobDue, progress: Any, cancel: threading.Event) -> Outcome: ...
+    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal) -> Outcome: ...
 
 
 @dataclass
@@ -78,7 +84,7 @@ class Running:
     due: JobDue
     traceparent: str
     started_at: datetime
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelSignal = field(default_factory=CancelSignal)
     task: asyncio.Task[None] | None = None
     last_progress: float = 0.0
 
@@ -108,7 +114,10 @@ class WorkerService:
         self._tier_of: dict[str, str] = {}
         self._buffer_limit = max(100, 2 * self.capacity)
         self._paused = False
+        self._fill_until = 0.0
         self._rng = random.Random()
+        # Cancelled execution ids (from `commands`), for those not started yet.
+        self._cancelled: OrderedDict[UUID, str] = OrderedDict()
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -142,6 +151,11 @@ class WorkerService:
             # the empty tiers.)
             **{"partition.assignment.strategy": "range"},
         )
+        commands = ConsumerThread(reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
+                                  "commands")
+        # Known cancellations first, so that nothing cancelled before this start runs.
+        await read_to_end(commands, [TopicPartition(self.topics.commands, 0)], self._on_commands)
+        command_task = asyncio.create_task(self._command_loop(commands, stopping))
         consumer = self._consumer = ConsumerThread(conf, "worker")
         await consumer.call(lambda: consumer.consumer.subscribe(
             work_topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -156,6 +170,10 @@ class WorkerService:
         finally:
             beating.set()
             heartbeats.cancel()
+            command_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await command_task
+            await commands.close()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeats
             await self._send_heartbeat("OFFLINE")
@@ -213,6 +231,8 @@ class WorkerService:
         # and the next start share this transaction.
         busy = len(self.running) - len(self._finished)
         free = self.capacity - busy if starting and self.status == "ACTIVE" else 0
+        if time.monotonic() < self._fill_until:
+            free = 0
         while free > len(starts):
             msg = self._next_buffered()
             if msg is None:
@@ -227,6 +247,11 @@ class WorkerService:
                 continue  # a redelivery of what already runs here
             parent = traceparent_of(msg.headers())
             run = Running(due, child_traceparent(parent), now_utc())
+            reason = self._cancelled.get(due.execution_id)
+            if reason is not None:
+                records.append(self._event(run, "CANCELLED", completed_at=run.started_at,
+                                           error_message=f"cancelled before it started: {reason}"))
+                continue
             starts.append(run)
             records.append(self._event(run, "RUNNING"))
         finished, self._finished = self._finished, []
@@ -380,7 +405,7 @@ class WorkerService:
     async def _requeue_remaining(self) -> None:
         records: list[OutRecord] = []
         for run in list(self.running.values()):
-            run.cancel.set()
+            run.cancel.set("worker drained")
             due = run.due.model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
             records.append(self._event(run, "REQUEUED", error_message="worker drained"))
             records.append(OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
@@ -388,10 +413,36 @@ class WorkerService:
             log(logger, "execution_requeued", job_id=due.job_id,
                 execution_id=str(due.execution_id), delivery=due.delivery, reason="drain")
         await self._commit(records, [])
-        for run in list(self.running.values()):
-            if run.task is not None:
-                run.task.cancel()
+        tasks = [run.task for run in self.running.values() if run.task is not None]
+        for task in tasks:
+            task.cancel()  # the pool kills their processes
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.running.clear()
+
+    # -- commands -------------------------------------------------------------------
+
+    async def _command_loop(self, commands: ConsumerThread, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            messages = await commands.consume(100, 0.2)
+            self._on_commands([m for m in messages if m.error() is None])
+
+    def _on_commands(self, messages: list[Message]) -> None:
+        for msg in messages:
+            try:
+                command = Command.model_validate_json(msg.value() or b"")
+            except ValueError:
+                continue  # the commands topic is dead-lettered by the monitor
+            if command.command != "CANCEL":
+                continue
+            reason = command.reason or "cancelled"
+            self._cancelled[command.execution_id] = reason
+            if len(self._cancelled) > CANCELLED_MEMORY:
+                self._cancelled.popitem(last=False)
+            run = self.running.get(command.execution_id)
+            if run is not None:
+                log(logger, "execution_cancel_requested", job_id=run.due.job_id,
+                    execution_id=str(command.execution_id), reason=reason)
+                run.cancel.set(reason)
 
     # -- heartbeats -----------------------------------------------------------------
 
@@ -422,8 +473,12 @@ class WorkerService:
         consumer.assign(partitions)
         if self._paused and partitions:
             consumer.pause(partitions)
+        # Let every tier's backlog reach the buffer before choosing what starts first.
+        self._fill_until = time.monotonic() + PRIORITY_FILL_SECONDS
+        log(logger, "partitions_assigned", count=len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log(logger, "partitions_revoked", count=len(partitions))
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._loop is not None:
             # Buffered records of revoked partitions belong to their next owner now.

@@ -181,3 +181,7 @@ INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
 -- name: executions_at
 SELECT scheduled_at FROM job_executions
 WHERE job_id = $1 AND attempt_number = 1 AND scheduled_at = ANY($2::timestamptz[]);
+
+-- name: execution_by_id
+SELECT execution_id, job_id, run_id, status, scheduled_at, attempt_number, delivery
+FROM job_executions WHERE execution_id = $1;

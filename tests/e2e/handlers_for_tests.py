@@ -1,0 +1,38 @@
+"""Handlers the e2e tests register in their workers with `--import`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from cronstream import Context, handler
+
+
+@handler("test.block")
+def block(ctx: Context) -> None:
+    time.sleep(120)  # ignores its timeout and cancellation, like a stuck network call
+
+
+@handler("test.cpu")
+def cpu(ctx: Context) -> int:
+    n = 0
+    while True:  # pure Python, never yields
+        n += 1
+
+
+@handler("test.write")
+def write(ctx: Context) -> dict[str, Any]:
+    """Appends its execution id to params.path: lets a test see where and how often it ran."""
+    with open(ctx.params["path"], "a") as out:
+        out.write(f"{ctx.execution_id} {ctx.attempt_number}\n")
+    return {"written": True}
+
+
+@handler("test.slow-write")
+def slow_write(ctx: Context) -> dict[str, Any]:
+    started = time.time()
+    ctx.wait_cancelled(float(ctx.params.get("seconds", 5)))
+    with Path(ctx.params["path"]).open("a") as out:
+        out.write(f"{ctx.execution_id} {started} {time.time()}\n")
+    return {"cancelled": ctx.cancelled}

@@ -1,0 +1,164 @@
+"""Workers against real Kafka and PostgreSQL: hard timeouts, cancellation, progress,
+priorities, long jobs, drain, and handler names that are not registered."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cronstream.shared.settings import Settings
+from tests.conftest import Processes
+from tests.support import env_for, eventually, produce_json, sql
+
+
+def run_now(settings: Settings, job_id: str, handler: str, **fields: Any) -> None:
+    """A ONE_TIME job due now, published as any client would."""
+    produce_json(settings, settings.topics.job_definitions, job_id, {
+        "job_id": job_id, "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
+        "handler": handler, **fields})
+
+
+def execution(settings: Settings, job_id: str, status: str | None = None) -> Any:
+    rows = sql(settings.database_url, "SELECT * FROM job_executions WHERE job_id = $1 "
+               "AND ($2::text IS NULL OR status = $2) ORDER BY scheduled_at", job_id, status)
+    return rows[0] if rows else None
+
+
+def events(settings: Settings, job_id: str) -> list[str]:
+    return [r["status"] for r in sql(settings.database_url,
+                                     "SELECT status FROM execution_events WHERE job_id = $1 "
+                                     "ORDER BY occurred_at, kafka_offset", job_id)]
+
+
+def test_blocking_and_cpu_bound_handlers_are_killed_at_their_timeout(
+    processes: Processes, topics: Settings, tmp_path: Path,
+) -> None:
+    services = processes.system(worker_args=("--concurrency", "2"))
+    # One retry, far away: this attempt shows TIMED_OUT (attempts left), not PERMANENTLY_FAILED.
+    retry = {"max_retries": 1, "retry_delay_seconds": 3600}
+    run_now(topics, "blocked", "test.block", timeout_seconds=3, **retry)
+    run_now(topics, "spinning", "test.cpu", timeout_seconds=3, **retry)
+    for job in ("blocked", "spinning"):
+        row = eventually(lambda job=job: execution(topics, job, "TIMED_OUT"), 30,
+                         message=f"{job} TIMED_OUT")
+        took = (row["completed_at"] - row["started_at"]).total_seconds()
+        assert 3 <= took <= 6, f"{job} stopped after {took:.1f}s"
+        assert "timed out after 3s" in row["error_message"]
+    path = tmp_path / "after.txt"
+    run_now(topics, "after", "test.write", params={"path": str(path)})
+    eventually(lambda: execution(topics, "after", "COMPLETED"), 30, message="the worker still works")
+    assert path.read_text().count("\n") == 1
+    assert services["worker-1"].log().count("action=handler_process_replaced") == 2
+
+
+def test_unknown_handler_fails_once_and_imports_nothing(
+    processes: Processes, topics: Settings, tmp_path: Path,
+) -> None:
+    marker = tmp_path / "imported"
+    processes.system()
+    for job_id, name in (("shell-out", "os.system"), ("module-path", "tests.e2e.evil_module:system")):
+        run_now(topics, job_id, name, max_retries=3, retry_delay_seconds=1,
+                params={"command": f"touch {marker}"})
+    for job_id in ("shell-out", "module-path"):
+        row = eventually(lambda j=job_id: execution(topics, j, "PERMANENTLY_FAILED"), 30,
+                         message=f"{job_id} fails")
+        assert "unknown handler" in row["error_message"]
+    assert "tests.e2e.evil_module" not in Path("/proc/self/maps").read_text()
+    rows = sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+               "WHERE job_id IN ('shell-out', 'module-path')")
+    assert rows[0]["n"] == 2, "not retried"
+    assert not marker.exists(), "nothing was imported or run"
+
+
+def test_progress_is_reported_and_ends_at_100(processes: Processes, topics: Settings) -> None:
+    processes.system()
+    run_now(topics, "sleeper", "sleep", params={"seconds": 3})
+    row = eventually(lambda: execution(topics, "sleeper", "COMPLETED"), 30, message="sleep completes")
+    assert row["progress"] == 100
+    statuses = events(topics, "sleeper")
+    assert statuses.count("PROGRESS") >= 2, statuses
+    percents = [r["progress"] for r in sql(topics.database_url,
+                "SELECT progress FROM execution_events WHERE job_id = 'sleeper' AND status = "
+                "'PROGRESS' ORDER BY kafka_offset")]
+    assert percents == sorted(percents) and percents[-1] == 100
+
+
+def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cancel_a_running_and_a_queued_execution(
+    processes: Processes, topics: Settings, tmp_path: Path,
+) -> None:
+    processes.system(worker_args=("--concurrency", "1"))
+    path = tmp_path / "ran.txt"
+    run_now(topics, "running", "test.slow-write", params={"seconds": 60, "path": str(path)})
+    running = eventually(lambda: execution(topics, "running", "RUNNING"), 30, message="it runs")
+    run_now(topics, "queued", "test.write", params={"path": str(path)})
+    queued = eventually(lambda: execution(topics, "queued", "QUEUED"), 30, message="it waits")
+
+    done = cli(topics, "cancel", str(queued["execution_id"]), "--reason", "not needed")
+    assert done.returncode == 0, done.stderr
+    assert eventually(lambda: execution(topics, "queued", "CANCELLED"), 15,
+                      message="queued → CANCELLED")["error_message"] == "not needed"
+    assert cli(topics, "cancel", str(running["execution_id"])).returncode == 0
+    row = eventually(lambda: execution(topics, "running", "CANCELLED"), 15,
+                     message="running → CANCELLED")
+    assert (row["completed_at"] - row["started_at"]).total_seconds() < 10
+    # The worker is free again and reaches the cancelled work record: it must skip it.
+    run_now(topics, "later", "test.write", params={"path": str(path)})
+    eventually(lambda: execution(topics, "later", "COMPLETED"), 30, message="later completes")
+    assert "RUNNING" not in events(topics, "queued"), "a cancelled queued execution never runs"
+    assert str(queued["execution_id"]) not in path.read_text()
+    again = cli(topics, "cancel", str(row["execution_id"]))
+    assert again.returncode != 0 and "already ended: CANCELLED" in again.stderr
+
+
+def test_higher_priority_starts_first_from_a_backlog(processes: Processes, topics: Settings) -> None:
+    services = processes.system(workers=0)
+    for priority in ("low", "normal", "high"):
+        for i in range(8):
+            run_now(topics, f"{priority}-{i}", "noop", priority=priority)
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+                           "WHERE status = 'QUEUED'")[0]["n"] == 24, 30, message="the backlog")
+    processes.worker("w1", "--concurrency", "1")
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+                           "WHERE status = 'COMPLETED'")[0]["n"] == 24, 30, message="all done")
+    order = [r["job_id"].split("-")[0] for r in sql(
+        topics.database_url, "SELECT job_id FROM job_executions ORDER BY started_at")]
+    assert order == ["high"] * 8 + ["normal"] * 8 + ["low"] * 8, order
+    assert services["dispatcher"].alive()
+
+
+def test_a_job_longer_than_the_poll_interval_causes_no_rebalance(
+    processes: Processes, topics: Settings,
+) -> None:
+    processes.system(workers=0)
+    worker = processes.worker("w1", extra_env={"CRONSTREAM_KAFKA_MAX_POLL_INTERVAL_MS": "10000"})
+    run_now(topics, "long", "sleep", params={"seconds": 20}, timeout_seconds=60)
+    eventually(lambda: execution(topics, "long", "COMPLETED"), 60, message="the 20 s job completes")
+    log = worker.log()
+    assert log.count("action=partitions_assigned") == 1 and "partitions_revoked" not in log, log[-3000:]
+    assert "MAX_POLL_EXCEEDED" not in log and "maximum poll interval" not in log
+
+
+def test_sigterm_drains_the_running_job_then_reports_offline(
+    processes: Processes, topics: Settings,
+) -> None:
+    services = processes.system()
+    run_now(topics, "draining", "sleep", params={"seconds": 4})
+    eventually(lambda: execution(topics, "draining", "RUNNING"), 30, message="it runs")
+    worker = services["worker-1"]
+    worker.signal(signal.SIGTERM)
+    assert worker.proc.wait(30) == 0
+    assert execution(topics, "draining")["status"] in ("COMPLETED", "RUNNING")
+    eventually(lambda: execution(topics, "draining", "COMPLETED"), 15, message="drained job completes")
+    row = eventually(lambda: (r := sql(topics.database_url, "SELECT * FROM workers")) and
+                     r[0]["status"] == "OFFLINE" and r[0], 15, message="the worker says OFFLINE")
+    assert row["worker_id"] == "w1"
+    assert "action=worker_draining" in worker.log()
