@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -71,6 +72,13 @@ def tail_topic(settings: Settings, topic: str, seconds: float,
                     on_record(more, time.time())
     finally:
         consumer.close()
+
+
+def first_record_after(settings: Settings, topic: str) -> float:
+    """When the first record appended from now on became visible (read_committed)."""
+    seen: list[float] = []
+    tail_topic(settings, topic, 60, lambda _msg, now: seen.append(now), stop=lambda: bool(seen))
+    return seen[0] if seen else float("nan")
 
 
 def scheduled_ms(value: bytes) -> int:
@@ -187,10 +195,7 @@ def failover() -> dict[str, Any]:
                           > s.log().count("action=leader_stepped_down"))
             killed_at = time.time()
             leader.kill()
-            seen: list[float] = []
-            tail_topic(system.settings, system.settings.topics.job_due, 60,
-                       lambda msg, now: seen.append(now), stop=lambda: bool(seen))
-            times.append(seen[0] - killed_at if seen else float("nan"))
+            times.append(first_record_after(system.settings, system.settings.topics.job_due) - killed_at)
             schedulers.remove(leader)
             schedulers.append(system.start("scheduler", "--instance-id", f"s{generation}",
                                            name=f"scheduler-{generation}"))
@@ -211,9 +216,9 @@ def failover() -> dict[str, Any]:
                     fires.append(scheduled_ms(msg.value()))
         consumer.close()
         counts = Counter(fires)
-        ordered = sorted(counts)
-        missed = sum((b - a) // 1000 - 1 for a, b in zip(ordered, ordered[1:], strict=False))
-        return {"params": {"kills": kills, "session_timeout_ms": system.settings.scheduler_session_timeout_ms},
+        missed = sum((b - a) // 1000 - 1 for a, b in itertools.pairwise(sorted(counts)))
+        return {"params": {"kills": kills,
+                           "session_timeout_ms": system.settings.scheduler_session_timeout_ms},
                 "next_fire_after_kill_seconds": [round(t, 2) for t in times],
                 "max_seconds": round(max(times), 2),
                 "fires": len(fires), "duplicate_fires": sum(n - 1 for n in counts.values()),

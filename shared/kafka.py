@@ -52,6 +52,7 @@ class OutRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Headers | None = None
+    partition: int | None = None  # None: the partitioner chooses by key
 
 
 class ProducerFenced(Exception):
@@ -118,6 +119,9 @@ def producer_config(
             "linger.ms": 5,
             "compression.type": "lz4",
             "message.timeout.ms": 30_000,
+            # The Java client's partitioner, so that a job lands on the same partition
+            # whichever client produced it (topics.py: co-partitioning).
+            "partitioner": "murmur2_random",
         }
     )
     if transactional_id is not None:
@@ -245,15 +249,14 @@ async def read_to_end(
 
 
 def _produce(producer: Producer, record: OutRecord, on_delivery: Callable[..., None] | None = None) -> None:
+    kwargs: dict[str, Any] = {"headers": record.headers}
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
+    if record.partition is not None:
+        kwargs["partition"] = record.partition
     while True:
         try:
-            if on_delivery is None:
-                producer.produce(record.topic, record.value, record.key, headers=record.headers)
-            else:
-                producer.produce(
-                    record.topic, record.value, record.key, headers=record.headers,
-                    on_delivery=on_delivery,
-                )
+            producer.produce(record.topic, record.value, record.key, **kwargs)
             return
         except BufferError:
             producer.poll(0.05)  # local queue full: serve deliveries, then retry

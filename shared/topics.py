@@ -13,12 +13,15 @@ the queues they use, with the same settings.
 | retries            | 1          | compact        | execution_id of next attempt |
 | dead-letters       | 1          | delete 14 d    | original key                 |
 | scheduler-state    | 1          | compact        | job_id                       |
+| dispatcher-state   | P          | compact        | job_id (partition of the job)|
 | commands           | 1          | delete 1 d     | execution_id                 |
 | alerts             | 1          | delete 14 d    | job_id                       |
 | work.<tier>.<queue>| P          | delete 7 d     | job_id                       |
 
-P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6). `job-due` and `execution-events` must
-have the same count: the dispatcher relies on partition i of both holding the same jobs.
+P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6). `job-due`, `execution-events` and
+`dispatcher-state` must have the same count: the dispatcher relies on partition i of
+each holding the same jobs. Every cronstream producer uses the Java client's partitioner
+(murmur2); other producers of `job-due` must too.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ class Topics:
         return f"{self.prefix}scheduler-state"
 
     @property
+    def dispatcher_state(self) -> str:
+        return f"{self.prefix}dispatcher-state"
+
+    @property
     def commands(self) -> str:
         return f"{self.prefix}commands"
 
@@ -103,6 +110,7 @@ class Topics:
             TopicSpec(self.retries, 1, dict(_COMPACT)),
             TopicSpec(self.dead_letters, 1, {"retention.ms": str(14 * _DAY_MS)}),
             TopicSpec(self.scheduler_state, 1, dict(_COMPACT)),
+            TopicSpec(self.dispatcher_state, p, dict(_COMPACT)),
             TopicSpec(self.commands, 1, {"retention.ms": str(_DAY_MS)}),
             TopicSpec(self.alerts, 1, {"retention.ms": str(14 * _DAY_MS)}),
             *self.work_specs(queues),

@@ -18,6 +18,7 @@ from uuid import UUID, uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.kafka import (
     ConsumerThread,
@@ -29,9 +30,11 @@ from cronstream.shared.kafka import (
     ensure_topics,
     log_consumer_error,
     producer_config,
+    read_to_end,
+    reader_config,
 )
 from cronstream.shared.logs import log
-from cronstream.shared.records import ExecutionEvent, JobDue, now_utc
+from cronstream.shared.records import Command, ExecutionEvent, ExecutionStatus, JobDue, now_utc
 from cronstream.shared.settings import Settings, default_worker_id
 from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
 
@@ -51,11 +54,14 @@ class DispatcherService:
         # (execution_id, delivery) already queued by this instance; bounded LRU.
         self._seen: OrderedDict[tuple[UUID, int], None] = OrderedDict()
         self._queues: set[str] = set()
+        self.policy = PolicyState()
+        self._owned: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         conf = consumer_config(
             self.settings, f"dispatcher-{self.instance}", f"{self.topics.prefix}dispatcher",
             **{"partition.assignment.strategy": "range"},
@@ -68,7 +74,8 @@ class DispatcherService:
         await loop.run_in_executor(None, self._known_queues)
         await consumer.call(
             lambda: consumer.consumer.subscribe(
-                [self.topics.job_due, self.topics.execution_events], on_revoke=self._on_revoke)
+                [self.topics.job_due, self.topics.execution_events],
+                on_assign=self._on_assign, on_revoke=self._on_revoke)
         )
         log(logger, "dispatcher_started", instance=self.instance)
         try:
@@ -104,7 +111,8 @@ class DispatcherService:
                 continue
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             if msg.topic() != self.topics.job_due:
-                continue  # execution-events: the state concurrency policies need (later)
+                self._observe(msg)
+                continue
             try:
                 due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
             except DecodeError as exc:
@@ -117,14 +125,17 @@ class DispatcherService:
                 continue
             self._remember(seen_key)
             added.append(seen_key)
+            records.extend(self._dispatch(due, msg))
             if due.job.queue not in self._queues:
                 new_queues.add(due.job.queue)
-            records.extend(self._queue(due, msg))
         if new_queues:
             specs = self.topics.work_specs(sorted(new_queues))
             await asyncio.get_running_loop().run_in_executor(
                 None, ensure_topics, self.settings, specs)
             self._queues |= new_queues
+        records.extend(
+            OutRecord(self.topics.dispatcher_state, job_id.encode(), value, partition=partition)
+            for job_id, partition, value in self.policy.drain_dirty())
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         loop = asyncio.get_running_loop()
         try:
@@ -139,34 +150,74 @@ class DispatcherService:
             for key in added:
                 self._seen.pop(key, None)
             await self._consumer.call(self._rewind, list(offsets))
+            await self._load_state(self._assigned_partitions())  # undo this batch's changes
             return
         if added:
             log(logger, "executions_queued", logging.DEBUG, count=len(added))
 
-    def _queue(self, due: JobDue, msg: Message) -> list[OutRecord]:
-        now = now_utc()
+    def _dispatch(self, due: JobDue, msg: Message) -> list[OutRecord]:
+        """The records one JobDue turns into, under its job's concurrency policy."""
+        decision = self.policy.decide(due)
+        if decision == "SKIP":
+            running = self.policy.others(due)[0]
+            log(logger, "execution_skipped", job_id=due.job_id,
+                execution_id=str(due.execution_id), policy="FORBID")
+            return [self._event(due, msg, "SKIPPED", error_message=(
+                f"skipped: execution {running.execution_id} of this job is still "
+                f"{running.status} (concurrency_policy FORBID)"))]
+        records = self._replace(due, msg) if decision == "REPLACE" else []
+        records.extend(self._queue(due, msg))
+        self.policy.queued(due, msg.partition())
+        return records
+
+    def _event(self, due: JobDue | ActiveExecution, msg: Message, status: ExecutionStatus,
+               job_id: str | None = None, **fields: object) -> OutRecord:
+        job = job_id or due.job_id  # type: ignore[union-attr]
+        terminal = status in ("SKIPPED", "CANCELLED")
         event = ExecutionEvent(
-            event_id=uuid4(),
-            execution_id=due.execution_id,
-            job_id=due.job_id,
-            run_id=due.run_id,
-            status="QUEUED",
-            attempt_number=due.attempt_number,
-            scheduled_at=due.scheduled_at,
-            occurred_at=now,
-            delivery=due.delivery,
-            priority=due.job.priority,
-            queue=due.job.queue,
+            event_id=uuid4(), execution_id=due.execution_id, job_id=job, run_id=due.run_id,
+            status=status, attempt_number=due.attempt_number, scheduled_at=due.scheduled_at,
+            occurred_at=now_utc(), delivery=due.delivery,
+            completed_at=now_utc() if terminal else None, **fields,  # type: ignore[arg-type]
         )
-        parent = traceparent_of(msg.headers())
+        return OutRecord(self.topics.execution_events, job.encode(), event.to_json(),
+                         trace_headers(child_traceparent(traceparent_of(msg.headers()))))
+
+    def _queue(self, due: JobDue, msg: Message) -> list[OutRecord]:
         key = due.job_id.encode()
         return [
-            OutRecord(self.topics.execution_events, key, event.to_json(),
-                      trace_headers(child_traceparent(parent))),
+            self._event(due, msg, "QUEUED", priority=due.job.priority, queue=due.job.queue),
             # The work record is the JobDue itself, byte for byte.
             OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(),
-                      trace_headers(child_traceparent(parent))),
+                      trace_headers(child_traceparent(traceparent_of(msg.headers())))),
         ]
+
+    def _replace(self, due: JobDue, msg: Message) -> list[OutRecord]:
+        """REPLACE: stop every other non-terminal execution of the job."""
+        records = []
+        reason = f"replaced by execution {due.execution_id} (concurrency_policy REPLACE)"
+        for other in self.policy.others(due):
+            command = Command(command="CANCEL", execution_id=other.execution_id,
+                              job_id=due.job_id, reason=reason, issued_at=now_utc(),
+                              issued_by=f"dispatcher/{self.instance}")
+            records.append(OutRecord(self.topics.commands, str(other.execution_id).encode(),
+                                     command.to_json()))
+            if other.status == "QUEUED":
+                records.append(self._event(other, msg, "CANCELLED", job_id=due.job_id,
+                                           error_message=reason))
+                self.policy.remove(due.job_id, other.execution_id, msg.partition())
+            log(logger, "execution_replaced", job_id=due.job_id,
+                execution_id=str(other.execution_id), by=str(due.execution_id))
+        return records
+
+    def _observe(self, msg: Message) -> None:
+        """An execution event: follow tracked jobs (bad events are the monitor's to
+        dead-letter)."""
+        try:
+            event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
+        except DecodeError:
+            return
+        self.policy.observe(event, msg.partition())
 
     def _remember(self, key: tuple[UUID, int]) -> None:
         self._seen[key] = None
@@ -186,6 +237,41 @@ class DispatcherService:
                 log(logger, "rewind_failed", logging.WARNING, topic=tp.topic,
                     partition=tp.partition, error=str(exc))
 
+    # -- assignment: the policy state of the assigned partitions ---------------------------
+
+    def _assigned_partitions(self) -> set[int]:
+        return set(self._owned)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._owned = {tp.partition for tp in partitions if tp.topic == self.topics.job_due}
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._load_state(self._owned), self._loop).result(120)
+        consumer.assign(partitions)
+        log(logger, "partitions_assigned", count=len(partitions),
+            tracked_jobs=len(self.policy.jobs))
+
+    async def _load_state(self, partitions: set[int]) -> None:
+        """Read `dispatcher-state` for the owned partitions (to its end)."""
+        self.policy = PolicyState()
+        if not partitions:
+            return
+        reader = ConsumerThread(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
+                                "dispatcher-state")
+
+        def load(messages: list[Message]) -> None:
+            for m in messages:
+                if m.key():
+                    self.policy.load(m.partition(), m.value(), m.key().decode())
+
+        try:
+            await read_to_end(reader, [TopicPartition(self.topics.dispatcher_state, p)
+                                       for p in sorted(partitions)], load)
+        finally:
+            await reader.close()
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Each batch is committed before the next consume(), so nothing is in flight here.
+        self._owned = set()
+        self.policy = PolicyState()
+        consumer.unassign()
         log(logger, "partitions_revoked", count=len(partitions))

@@ -350,13 +350,16 @@ class WorkerService:
             retry = next_attempt(run.due, done.completed_at, self._rng)
             records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
                                      retry.to_json(), trace_headers(run.traceparent)))
+        error = outcome.error
+        if status == "CANCELLED" and run.cancel.reason:
+            error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"
         records.insert(0, self._event(
-            run, status, completed_at=done.completed_at, error_message=outcome.error,
+            run, status, completed_at=done.completed_at, error_message=error,
             result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
         ))
         log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
             job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
-            attempt=run.due.attempt_number, error=outcome.error)
+            attempt=run.due.attempt_number, error=error)
         return records
 
     def _event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
