@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psutil
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from bench.harness import BenchSystem, summary, write_result
 from cronstream.shared.settings import Settings
@@ -59,7 +59,11 @@ def tail_topic(settings: Settings, topic: str, seconds: float,
                          "group.id": "bench-tail", "isolation.level": "read_committed",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 10})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, -1) for p in partitions])
+    # Explicit end offsets: OFFSET_END is resolved lazily and could skip early records.
+    ends = [eventually(lambda p=p: _high(consumer, topic, p), 30, interval=0.5, message="offsets")
+            for p in partitions]
+    consumer.assign([TopicPartition(topic, p, end - 1)
+                     for p, end in zip(partitions, ends, strict=True)])
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline and not (stop and stop()):
@@ -72,6 +76,14 @@ def tail_topic(settings: Settings, topic: str, seconds: float,
                     on_record(more, time.time())
     finally:
         consumer.close()
+
+
+def _high(consumer: Consumer, topic: str, partition: int) -> int | None:
+    """The high watermark + 1 (so that 0 is truthy for `eventually`), or None on an error."""
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), 5)[1] + 1
+    except KafkaException:
+        return None
 
 
 def first_record_after(settings: Settings, topic: str) -> float:

@@ -212,7 +212,10 @@ class DispatcherService:
 
     def _observe(self, msg: Message) -> None:
         """An execution event: follow tracked jobs (bad events are the monitor's to
-        dead-letter)."""
+        dead-letter). Events of untracked jobs — all ALLOW jobs — are not even decoded."""
+        key = msg.key()
+        if key is None or key.decode("utf-8", "replace") not in self.policy.jobs:
+            return
         try:
             event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
         except DecodeError:

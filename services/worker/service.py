@@ -112,7 +112,9 @@ class WorkerService:
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
         self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
         self._tier_of: dict[str, str] = {}
-        self._buffer_limit = max(100, 2 * self.capacity)
+        # Pausing discards librdkafka's prefetched records, so it must be rare: a roomy
+        # buffer, paused only when full and resumed once half empty.
+        self._buffer_limit = max(1000, 4 * self.capacity)
         self._paused = False
         self._fill_until = 0.0
         self._rng = random.Random()
@@ -192,10 +194,14 @@ class WorkerService:
     async def _poll_loop(self, stopping: asyncio.Event) -> None:
         assert self._consumer is not None
         while not stopping.is_set():
-            await self._set_paused(self._buffered() >= self._buffer_limit)
+            room = self._buffer_limit - self._buffered()
+            if room <= 0 or (self._paused and room < self._buffer_limit // 2):
+                await self._set_paused(True)
+            else:
+                await self._set_paused(False)
             busy = self.running or self._finished or self._buffered()
             timeout = 0.0 if self._finished else (0.02 if busy else 0.1)
-            messages = await self._consumer.consume(self._buffer_limit, timeout)
+            messages = await self._consumer.consume(max(1, room), timeout)
             for msg in messages:
                 err = msg.error()
                 if err is not None:
