@@ -6,7 +6,7 @@ import importlib
 import sys
 import traceback
 
-BENCHMARKS = ["bench.e2e_throughput"]
+BENCHMARKS = ["bench.e2e_throughput", "bench.scheduler", "bench.worker", "bench.retries"]
 
 
 def main() -> int:
@@ -14,7 +14,12 @@ def main() -> int:
     for name in BENCHMARKS:
         print(f"=== {name}", flush=True)
         try:
-            importlib.import_module(name).main()
+            module = importlib.import_module(name)
+            result = module.main()
+            if name == "bench.retries":
+                from bench.harness import write_result
+
+                write_result("retries", result)
         except Exception:
             traceback.print_exc()
             failed.append(name)

@@ -231,6 +231,11 @@ class Client:
                                          event.to_json(), trace_headers(new_traceparent())))
         self._producer.flush()
 
+    def cancel_retry(self, retry_execution_id: UUID) -> None:
+        """Drop a pending retry timer (a tombstone on `retries`)."""
+        self._producer.produce(OutRecord(self.topics.retries, str(retry_execution_id).encode(), None))
+        self._producer.flush()
+
     def cancel(self, execution_id: UUID, reason: str | None = None) -> Command:
         """Cancel an execution: skipped if not started yet, stopped if running."""
         return self.command("CANCEL", execution_id, reason or "cancelled by an operator")

@@ -318,6 +318,25 @@ class Heartbeat(Record):
     queues: list[QueueName] = Field(default_factory=list)
 
 
+class Alert(Record):
+    """Something a person must look at, on `alerts` (key: job_id).
+
+    `alert_id` is deterministic (UUIDv5 of kind and execution_id): a consumer that sees an
+    alert twice (the monitor raises them at least once) can drop the repeat.
+    """
+
+    alert_id: UUID
+    kind: Literal["EXECUTION_PERMANENTLY_FAILED"]
+    severity: Literal["error", "warning"]
+    job_id: JobId
+    execution_id: UUID
+    run_id: UUID
+    attempt_number: Annotated[int, Field(ge=1)]
+    error_message: Message | None = None
+    occurred_at: UtcDatetime
+    raised_at: UtcDatetime
+
+
 CommandKind = Literal["CANCEL", "APPROVE", "REJECT"]
 
 

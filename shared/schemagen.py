@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cronstream.shared.records import (
+    Alert,
     Command,
     ExecutionEvent,
     Heartbeat,
@@ -32,6 +33,7 @@ MODELS: dict[str, type[Record]] = {
     "heartbeat": Heartbeat,
     "retry-request": RetryRequest,
     "command": Command,
+    "alert": Alert,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 
@@ -11,7 +12,9 @@ from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
 from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent
+from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
+from cronstream.shared.settings import Settings
 
 
 def _load(path: str) -> list:  # type: ignore[type-arg]
@@ -175,9 +178,12 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
     settings = state.settings()
     rows = fetch(settings, "execution_by_id", execution_id)
     row = rows[0] if rows else None
+    reason = reason or "cancelled by an operator"
+    if row is not None and row["status"] in ("FAILED", "TIMED_OUT"):
+        _cancel_pending_retry(settings, row, reason)
+        return
     if row is not None and row["status"] in TERMINAL_STATUSES:
         raise click.ClickException(f"execution {execution_id} already ended: {row['status']}")
-    reason = reason or "cancelled by an operator"
     with Client(settings) as client:
         client.cancel(execution_id, reason)
         if row is not None and row["status"] in ("QUEUED", "AWAITING_APPROVAL"):
@@ -189,6 +195,24 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
                 completed_at=datetime.now(UTC), delivery=row["delivery"], error_message=reason))
     state_text = row["status"] if row is not None else "not yet projected"
     click.echo(f"cancel sent for {execution_id} (was {state_text})")
+
+
+def _cancel_pending_retry(settings: Settings, row: Any, reason: str) -> None:
+    """A FAILED / TIMED_OUT execution may have its next attempt waiting on `retries`:
+    tombstone that timer (its key is deterministic) and record the attempt CANCELLED."""
+    attempt = row["attempt_number"] + 1
+    retry_id = retry_execution_id(row["job_id"], row["run_id"], attempt)
+    now = datetime.now(UTC)
+    with Client(settings) as client:
+        client.cancel_retry(retry_id)
+        client.cancel(retry_id, reason)  # in case it fired meanwhile
+        client.publish_event(ExecutionEvent(
+            event_id=uuid.uuid4(), execution_id=retry_id, job_id=row["job_id"],
+            run_id=row["run_id"], status="CANCELLED", attempt_number=attempt,
+            scheduled_at=now, occurred_at=now, completed_at=now,
+            error_message=f"pending retry cancelled: {reason}"))
+    click.echo(f"cancelled the pending retry (attempt {attempt}, execution {retry_id}) "
+               f"of {row['execution_id']}")
 
 
 COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel]

@@ -6,6 +6,9 @@ writes each batch in one PostgreSQL transaction together with the batch's next o
 not from Kafka's, so a crash at any point neither loses nor doubles a row. Offsets are
 also committed to Kafka afterwards, for lag tooling only.
 
+Alerts: every PERMANENTLY_FAILED event raises an Alert on `alerts` and an
+`action=alert_raised` log line (at least once; the alert id is deterministic).
+
 Dead letters: the monitor dead-letters what it cannot decode on `execution-events` and
 `heartbeats`. Bad `job-definitions` records are the scheduler's to dead-letter (one
 dead letter per bad record); the monitor logs and skips them.
@@ -18,6 +21,7 @@ import json
 import logging
 from datetime import datetime
 from typing import Any
+from uuid import uuid5
 
 import asyncpg
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -30,6 +34,7 @@ from cronstream.services.monitor.projection import (
 )
 from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.db import query
+from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.kafka import (
     ConsumerThread,
     IdempotentProducer,
@@ -40,7 +45,7 @@ from cronstream.shared.kafka import (
     producer_config,
 )
 from cronstream.shared.logs import log
-from cronstream.shared.records import ExecutionEvent, Heartbeat, JobDefinition, now_utc
+from cronstream.shared.records import Alert, ExecutionEvent, Heartbeat, JobDefinition, now_utc
 from cronstream.shared.schedule import from_epoch_ms, next_fire
 from cronstream.shared.settings import Settings, default_worker_id
 
@@ -141,8 +146,10 @@ class MonitorService:
                         reason=str(exc)[:300])
                 else:
                     dead.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-        if dead:
-            for record in dead:
+        outgoing = dead + [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
+        if outgoing:
+            # Before the PostgreSQL commit: at least once (alerts carry a deterministic id).
+            for record in outgoing:
                 self._dlq.produce(record)
             await asyncio.get_running_loop().run_in_executor(None, self._dlq.flush, 30.0)
         async with self._pool.acquire() as conn, conn.transaction():
@@ -159,6 +166,18 @@ class MonitorService:
                 [t for t, _ in offsets], [p for _, p in offsets], list(offsets.values()))
         self.projected += len(messages)
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    def _alert(self, event: ExecutionEvent) -> OutRecord:
+        alert = Alert(
+            alert_id=uuid5(NAMESPACE, f"alert|EXECUTION_PERMANENTLY_FAILED|{event.execution_id}"),
+            kind="EXECUTION_PERMANENTLY_FAILED", severity="error", job_id=event.job_id,
+            execution_id=event.execution_id, run_id=event.run_id,
+            attempt_number=event.attempt_number, error_message=event.error_message,
+            occurred_at=event.occurred_at, raised_at=now_utc())
+        log(logger, "alert_raised", logging.ERROR, kind=alert.kind, job_id=alert.job_id,
+            execution_id=str(alert.execution_id), attempt=alert.attempt_number,
+            error=(alert.error_message or "")[:300])
+        return OutRecord(self.topics.alerts, alert.job_id.encode(), alert.to_json())
 
     async def _project_definition(
         self, conn: asyncpg.Connection, job_id: str, d: JobDefinition | None, seen_at: datetime,

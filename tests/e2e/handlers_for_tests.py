@@ -36,3 +36,10 @@ def slow_write(ctx: Context) -> dict[str, Any]:
     with Path(ctx.params["path"]).open("a") as out:
         out.write(f"{ctx.execution_id} {started} {time.time()}\n")
     return {"cancelled": ctx.cancelled}
+
+
+@handler("test.refuse")
+def refuse(ctx: Context) -> None:
+    from cronstream import NonRetryableError
+
+    raise NonRetryableError("the input can never work")
