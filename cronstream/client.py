@@ -27,6 +27,7 @@ from confluent_kafka import TopicPartition
 from pydantic import ValidationError
 
 from cronstream.shared.codec import MAX_RECORD_BYTES, describe
+from cronstream.shared.dag import dag_problem
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
 from cronstream.shared.kafka import (
     ConsumerThread,
@@ -115,6 +116,23 @@ def load_definitions(path: str | Path) -> list[JobDefinition]:
     return parse_definitions(documents, str(path))
 
 
+def check_dags(new: list[JobDefinition], existing: dict[str, JobDefinition]) -> None:
+    """Refuse cycles and DEPENDENT jobs with more than one scheduled root (SPEC §5.6)."""
+    merged = {**existing, **{d.job_id: d for d in new}}
+
+    def lookup(job_id: str) -> tuple[str, list[str]] | None:
+        found = merged.get(job_id)
+        return None if found is None else (found.type, list(found.depends_on))
+
+    def downstream(job_id: str) -> list[str]:
+        return [d.job_id for d in merged.values() if job_id in d.depends_on]
+
+    problems = [f"job_id {d.job_id!r}: {problem}" for d in new
+                if (problem := dag_problem(d.job_id, lookup, downstream)) is not None]
+    if problems:
+        raise DefinitionError("\n".join(problems))
+
+
 class Client:
     """Publishes to cronstream's topics. Thread-unsafe; one per thread."""
 
@@ -135,7 +153,11 @@ class Client:
     # -- definitions ----------------------------------------------------------------
 
     def apply(self, definitions: Iterable[JobDefinition]) -> list[str]:
-        """Publish definitions (all validated first); returns their job_ids."""
+        """Publish definitions (all validated first, DAG shape included); returns their
+        job_ids. Raises DefinitionError and sends nothing when any is invalid."""
+        definitions = list(definitions)
+        if any(d.type == "DEPENDENT" for d in definitions):
+            check_dags(definitions, self.definitions())
         stamped = []
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         for definition in definitions:

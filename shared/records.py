@@ -46,6 +46,7 @@ from pydantic import (
     model_validator,
 )
 
+from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
 
 SCHEMA_VERSION = 1
@@ -200,6 +201,11 @@ class JobDefinition(Record):
                 raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
             if len(set(self.depends_on)) != len(self.depends_on):
                 raise ValueError("depends_on: lists an upstream job more than once")
+            if self.condition is not None:
+                try:
+                    parse_condition(self.condition, self.depends_on)
+                except ConditionError as exc:
+                    raise ValueError(f"condition: {exc}") from None
         else:
             if self.depends_on:
                 raise ValueError(f"depends_on is only allowed for type DEPENDENT, not {self.type}")
@@ -300,6 +306,10 @@ class ExecutionEvent(Record):
     progress_message: Annotated[str, StringConstraints(max_length=1024)] | None = None
     priority: Priority | None = None
     queue: QueueName | None = None
+    # On QUEUED events: what a requeue or an approval needs to re-issue the JobDue.
+    reason: DueReason | None = None
+    idempotency_key: Annotated[str, StringConstraints(max_length=256)] | None = None
+    job: JobSnapshot | None = None
 
     @property
     def terminal(self) -> bool:

@@ -38,7 +38,10 @@ def apply(state: CliState, path: str, dry_run: bool) -> None:
         click.echo(f"{len(definitions)} valid definition(s); nothing sent (--dry-run)")
         return
     with Client(state.settings()) as client:
-        ids = client.apply(definitions)
+        try:
+            ids = client.apply(definitions)
+        except DefinitionError as exc:
+            raise click.ClickException(f"nothing was sent:\n{exc}") from None
     for job_id in ids:
         click.echo(f"applied {job_id}")
 
@@ -215,4 +218,26 @@ def _cancel_pending_retry(settings: Settings, row: Any, reason: str) -> None:
                f"of {row['execution_id']}")
 
 
-COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel]
+@click.command()
+@click.argument("execution_id", type=click.UUID)
+@click.option("--reason", help="Recorded with the decision.")
+@pass_state
+def approve(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
+    """Release a DAG step waiting in AWAITING_APPROVAL."""
+    with Client(state.settings()) as client:
+        client.command("APPROVE", execution_id, reason)
+    click.echo(f"approval sent for {execution_id}")
+
+
+@click.command()
+@click.argument("execution_id", type=click.UUID)
+@click.option("--reason", help="Recorded with the SKIPPED event.")
+@pass_state
+def reject(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
+    """Skip a DAG step waiting in AWAITING_APPROVAL (SKIPPED)."""
+    with Client(state.settings()) as client:
+        client.command("REJECT", execution_id, reason)
+    click.echo(f"rejection sent for {execution_id}")
+
+
+COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel, approve, reject]

@@ -186,7 +186,8 @@ class DispatcherService:
     def _queue(self, due: JobDue, msg: Message) -> list[OutRecord]:
         key = due.job_id.encode()
         return [
-            self._event(due, msg, "QUEUED", priority=due.job.priority, queue=due.job.queue),
+            self._event(due, msg, "QUEUED", priority=due.job.priority, queue=due.job.queue,
+                        reason=due.reason, idempotency_key=due.idempotency_key, job=due.job),
             # The work record is the JobDue itself, byte for byte.
             OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(),
                       trace_headers(child_traceparent(traceparent_of(msg.headers())))),

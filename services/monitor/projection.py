@@ -43,6 +43,9 @@ class ExecutionPatch:
     progress_message: str | None = None
     priority: str | None = None
     queue: str | None = None
+    reason: str | None = None
+    idempotency_key: str | None = None
+    job: str | None = None  # JobSnapshot JSON
 
     @classmethod
     def start(cls, event: ExecutionEvent) -> ExecutionPatch:
@@ -92,6 +95,10 @@ class ExecutionPatch:
                 self.completed_at = event.completed_at or event.occurred_at
             self.worker_id = event.worker_id or self.worker_id
             self.started_at = self.started_at or event.started_at
+        self.reason = event.reason or self.reason
+        self.idempotency_key = event.idempotency_key or self.idempotency_key
+        if event.job is not None:
+            self.job = event.job.model_dump_json()
         if event.error_message is not None:
             self.error_message = event.error_message
         if event.result is not None:
@@ -114,7 +121,8 @@ def fold(events: list[ExecutionEvent]) -> dict[UUID, ExecutionPatch]:
 _PATCH_COLUMNS = (
     "execution_id", "job_id", "run_id", "status", "scheduled_at", "queued_at", "started_at",
     "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
-    "progress", "progress_message", "priority", "queue", "last_event", "updated_at",
+    "progress", "progress_message", "priority", "queue", "last_event", "updated_at", "reason",
+    "idempotency_key", "job",
 )
 
 

@@ -1,32 +1,47 @@
-"""The monitor: the exactly-once PostgreSQL projection of the event stream.
+"""The monitor: the exactly-once PostgreSQL projection, DAG advancement, approvals,
+dead-worker requeues, alerts and the figures dashboards read.
 
-Consumes `execution-events`, `heartbeats` and `job-definitions` (read_committed) and
-writes each batch in one PostgreSQL transaction together with the batch's next offsets
-(`consumer_offsets`). On assignment it resumes from the offsets stored in PostgreSQL,
-not from Kafka's, so a crash at any point neither loses nor doubles a row. Offsets are
-also committed to Kafka afterwards, for lag tooling only.
+Projection. Consumes `execution-events`, `heartbeats`, `job-definitions` and `commands`
+(read_committed) and writes each batch in one PostgreSQL transaction together with the
+batch's next offsets (`consumer_offsets`). On assignment it resumes from the offsets in
+PostgreSQL, not Kafka's, so a crash at any point neither loses nor doubles a row.
+
+What it publishes (JobDue of DAG steps and approvals, SKIPPED / AWAITING_APPROVAL events,
+alerts, dead letters) is produced and flushed *before* that PostgreSQL commit: after a
+crash the batch is projected again and the same records are re-issued — with the same
+deterministic ids, so the dispatcher drops the repeats (at least once, deduplicated).
+
+Dead workers. Once a second, when it is caught up on `heartbeats`, the monitor declares
+OFFLINE every worker silent for longer than `CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`, and
+re-queues its RUNNING executions: a REQUEUED event and a JobDue (reason REQUEUE) with the
+same execution_id and `delivery + 1`. The dead worker's late reports carry the old
+delivery and are ignored by the projection.
 
 Alerts: every PERMANENTLY_FAILED event raises an Alert on `alerts` and an
-`action=alert_raised` log line (at least once; the alert id is deterministic).
+`action=alert_raised` log line (the alert id is deterministic).
 
-Dead letters: the monitor dead-letters what it cannot decode on `execution-events` and
-`heartbeats`. Bad `job-definitions` records are the scheduler's to dead-letter (one
-dead letter per bad record); the monitor logs and skips them.
+Dead letters: the monitor dead-letters what it cannot decode on `execution-events`,
+`heartbeats` and `commands`. Bad `job-definitions` records are the scheduler's to
+dead-letter; the monitor logs and skips them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import uuid5
+from uuid import UUID, uuid4, uuid5
 
 import asyncpg
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from cronstream.services.monitor.dag import DAG_FINAL, Verdict, decide, upstream_view
 from cronstream.services.monitor.projection import (
+    ExecutionPatch,
     event_arrays,
     fold,
     heartbeat_arrays,
@@ -34,7 +49,7 @@ from cronstream.services.monitor.projection import (
 )
 from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.db import query
-from cronstream.shared.ids import NAMESPACE
+from cronstream.shared.ids import NAMESPACE, idempotency_key
 from cronstream.shared.kafka import (
     ConsumerThread,
     IdempotentProducer,
@@ -45,14 +60,41 @@ from cronstream.shared.kafka import (
     producer_config,
 )
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, ExecutionEvent, Heartbeat, JobDefinition, now_utc
-from cronstream.shared.schedule import from_epoch_ms, next_fire
+from cronstream.shared.records import (
+    PRIORITIES,
+    Alert,
+    Command,
+    ExecutionEvent,
+    ExecutionStatus,
+    Heartbeat,
+    JobDefinition,
+    JobDue,
+    JobSnapshot,
+    now_utc,
+)
+from cronstream.shared.retry import retry_execution_id
+from cronstream.shared.schedule import from_epoch_ms, next_fire, to_millis
 from cronstream.shared.settings import Settings, default_worker_id
+from cronstream.shared.telemetry import new_traceparent, trace_headers
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "monitor"
 BATCH = 5000
+HOUSEKEEPING_SECONDS = 1.0
+METRICS_EVERY = 5  # housekeeping rounds between metric refreshes
+
+
+@dataclass
+class _Batch:
+    """One consumed batch, decoded."""
+
+    events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
+    beats: list[Heartbeat] = field(default_factory=list)
+    definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    outgoing: list[OutRecord] = field(default_factory=list)
 
 
 class MonitorService:
@@ -65,18 +107,23 @@ class MonitorService:
         self.group = f"{self.topics.prefix}monitor"
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dlq: IdempotentProducer | None = None
+        self._producer: IdempotentProducer | None = None
+        self._consumer: ConsumerThread | None = None
+        self._dag_upstreams: set[str] = set()
         self.projected = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
-        self._dlq = IdempotentProducer(producer_config(self.settings, f"monitor-{self.instance}"))
+        self._producer = IdempotentProducer(producer_config(self.settings, f"monitor-{self.instance}"))
+        await self._refresh_dag_upstreams()
         conf = consumer_config(self.settings, f"monitor-{self.instance}", self.group,
                                **{"fetch.min.bytes": 1, "queued.min.messages": 20000})
-        consumer = ConsumerThread(conf, "monitor")
-        topics = [self.topics.execution_events, self.topics.heartbeats, self.topics.job_definitions]
+        consumer = self._consumer = ConsumerThread(conf, "monitor")
+        topics = [self.topics.execution_events, self.topics.heartbeats,
+                  self.topics.job_definitions, self.topics.commands]
         await consumer.call(lambda: consumer.consumer.subscribe(topics, on_assign=self._on_assign))
+        housekeeping = asyncio.create_task(self._housekeeping(stopping))
         log(logger, "monitor_started", instance=self.instance)
         try:
             while not stopping.is_set():
@@ -86,9 +133,12 @@ class MonitorService:
                     if offsets:
                         await consumer.call(self._commit_to_kafka, consumer.consumer, offsets)
         finally:
+            housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await housekeeping
             await consumer.close()
             await self._pool.close()
-            self._dlq.flush(5.0)
+            self._producer.flush(5.0)
 
     @staticmethod
     def _commit_to_kafka(consumer: Consumer, offsets: list[TopicPartition]) -> None:
@@ -115,44 +165,14 @@ class MonitorService:
     # -- projection -----------------------------------------------------------------
 
     async def _project(self, messages: list[Message]) -> list[TopicPartition]:
-        assert self._pool is not None and self._dlq is not None
-        events: list[tuple[ExecutionEvent, int, int]] = []
-        beats: list[Heartbeat] = []
-        definitions: list[tuple[str, JobDefinition | None, datetime]] = []
-        offsets: dict[tuple[str, int], int] = {}
-        dead: list[OutRecord] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                log_consumer_error("monitor", err)
-                continue
-            topic = msg.topic()
-            offsets[(topic, msg.partition())] = msg.offset() + 1
-            try:
-                if topic == self.topics.execution_events:
-                    event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
-                    events.append((event, msg.partition(), msg.offset()))
-                elif topic == self.topics.heartbeats:
-                    beats.append(decode(Heartbeat, msg.value(), key=msg.key(),
-                                        key_field="worker_id"))
-                else:
-                    job_id = decode_key(msg.key())
-                    definition = None if msg.value() is None else decode(
-                        JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-                    definitions.append((job_id, definition, _timestamp(msg)))
-            except DecodeError as exc:
-                if topic == self.topics.job_definitions:
-                    log(logger, "definition_skipped", logging.WARNING, offset=msg.offset(),
-                        reason=str(exc)[:300])
-                else:
-                    dead.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-        outgoing = dead + [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
-        if outgoing:
-            # Before the PostgreSQL commit: at least once (alerts carry a deterministic id).
-            for record in outgoing:
-                self._dlq.produce(record)
-            await asyncio.get_running_loop().run_in_executor(None, self._dlq.flush, 30.0)
+        assert self._pool is not None and self._producer is not None
+        batch = self._decode(messages)
+        events, beats, definitions, commands, offsets, outgoing = (
+            batch.events, batch.beats, batch.definitions, batch.commands, batch.offsets,
+            batch.outgoing)
+        outgoing += [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
         async with self._pool.acquire() as conn, conn.transaction():
+            patches: list[ExecutionPatch] = []
             if events:
                 await conn.execute(query("insert_events"), *event_arrays(events))
                 patches = list(fold([e for e, _, _ in events]).values())
@@ -161,11 +181,135 @@ class MonitorService:
                 await conn.execute(query("upsert_workers"), *heartbeat_arrays(beats))
             for job_id, definition, seen_at in definitions:
                 await self._project_definition(conn, job_id, definition, seen_at)
+            if definitions:
+                self._dag_upstreams = {r[0] for r in await conn.fetch(query("dag_upstream_ids"))}
+            finals = [p for p in patches if p.status in DAG_FINAL and p.job_id in self._dag_upstreams]
+            if finals:
+                outgoing += await self._advance_dags(conn, finals)
+            for command in commands:
+                outgoing += await self._apply_command(conn, command)
+            if outgoing:
+                # Before the commit: at least once, with deterministic ids (see above).
+                for record in outgoing:
+                    self._producer.produce(record)
+                await asyncio.get_running_loop().run_in_executor(None, self._producer.flush, 30.0)
             await conn.execute(
                 query("store_offsets"), self.group,
                 [t for t, _ in offsets], [p for _, p in offsets], list(offsets.values()))
         self.projected += len(messages)
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    def _decode(self, messages: list[Message]) -> _Batch:
+        batch = _Batch()
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                log_consumer_error("monitor", err)
+                continue
+            topic = msg.topic()
+            batch.offsets[(topic, msg.partition())] = msg.offset() + 1
+            try:
+                if topic == self.topics.execution_events:
+                    event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
+                    batch.events.append((event, msg.partition(), msg.offset()))
+                elif topic == self.topics.heartbeats:
+                    batch.beats.append(decode(Heartbeat, msg.value(), key=msg.key(),
+                                              key_field="worker_id"))
+                elif topic == self.topics.commands:
+                    batch.commands.append(decode(Command, msg.value()))
+                else:
+                    job_id = decode_key(msg.key())
+                    definition = None if msg.value() is None else decode(
+                        JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
+                    batch.definitions.append((job_id, definition, _timestamp(msg)))
+            except DecodeError as exc:
+                if topic == self.topics.job_definitions:
+                    log(logger, "definition_skipped", logging.WARNING, offset=msg.offset(),
+                        reason=str(exc)[:300])
+                else:
+                    batch.outgoing.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+        return batch
+
+    async def _refresh_dag_upstreams(self) -> None:
+        assert self._pool is not None
+        self._dag_upstreams = {r[0] for r in await self._pool.fetch(query("dag_upstream_ids"))}
+
+    # -- DAG runs ---------------------------------------------------------------------
+
+    async def _advance_dags(self, conn: asyncpg.Connection, finals: list[ExecutionPatch]) -> list[OutRecord]:
+        records: list[OutRecord] = []
+        for patch in finals:
+            for row in await conn.fetch(query("dag_downstreams"), patch.job_id):
+                definition = json.loads(row["definition"])
+                depends_on = definition["depends_on"]
+                states = await conn.fetch(query("run_states"), patch.run_id, depends_on)
+                if len(states) < len(depends_on) or any(s["status"] not in DAG_FINAL for s in states):
+                    continue  # not every upstream is final in this run yet
+                verdict = decide(definition, upstream_view(list(states)))
+                step = retry_execution_id(row["job_id"], patch.run_id, 1)
+                claimed = await conn.fetchval(query("claim_evaluation"), patch.run_id, row["job_id"],
+                                              step, verdict.decision, verdict.detail)
+                if claimed is None:
+                    continue  # evaluated already in this run
+                log(logger, "dag_step_decided", job_id=row["job_id"], run_id=str(patch.run_id),
+                    execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
+                records += self._step_records(JobDefinition.model_validate_json(row["definition"]),
+                                              patch.run_id, step, verdict)
+        return records
+
+    def _step_records(self, definition: JobDefinition, run_id: UUID, step: UUID,
+                      verdict: Verdict) -> list[OutRecord]:
+        now = to_millis(now_utc())
+        snapshot = JobSnapshot.of(definition)
+        given = snapshot.params.get("idempotency_key")
+        key = idempotency_key(definition.job_id, now, snapshot.params) \
+            if isinstance(given, str) and given else f"{definition.job_id}@{run_id}"
+        if verdict.decision == "RUN":
+            due = JobDue(execution_id=step, job_id=definition.job_id, run_id=run_id, scheduled_at=now,
+                         attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot)
+            return [self._due_record(due)]
+        status: ExecutionStatus = "SKIPPED" if verdict.decision == "SKIP" else "AWAITING_APPROVAL"
+        return [self._event_record(ExecutionEvent(
+            event_id=uuid4(), execution_id=step, job_id=definition.job_id, run_id=run_id,
+            status=status, attempt_number=1, scheduled_at=now, occurred_at=now,
+            completed_at=now if status == "SKIPPED" else None, error_message=verdict.detail,
+            reason="DEPENDENCY", idempotency_key=key, job=snapshot))]
+
+    async def _apply_command(self, conn: asyncpg.Connection, command: Command) -> list[OutRecord]:
+        """APPROVE releases, REJECT skips, an execution AWAITING_APPROVAL. (CANCEL is the
+        workers' and the CLI's.)"""
+        if command.command == "CANCEL":
+            return []
+        row = await conn.fetchrow(query("awaiting_execution"), command.execution_id)
+        if row is None:
+            log(logger, "command_ignored", logging.WARNING, command=command.command,
+                execution_id=str(command.execution_id), reason="not awaiting approval")
+            return []
+        who = f" by {command.issued_by}" if command.issued_by else ""
+        log(logger, "execution_" + ("approved" if command.command == "APPROVE" else "rejected"),
+            job_id=row["job_id"], execution_id=str(row["execution_id"]), issued_by=command.issued_by)
+        if command.command == "APPROVE":
+            due = JobDue(execution_id=row["execution_id"], job_id=row["job_id"], run_id=row["run_id"],
+                         scheduled_at=row["scheduled_at"], attempt_number=row["attempt_number"],
+                         reason="DEPENDENCY", delivery=row["delivery"],
+                         idempotency_key=row["idempotency_key"],
+                         job=JobSnapshot.model_validate_json(row["job"]))
+            return [self._due_record(due)]
+        now = now_utc()
+        return [self._event_record(ExecutionEvent(
+            event_id=uuid4(), execution_id=row["execution_id"], job_id=row["job_id"],
+            run_id=row["run_id"], status="SKIPPED", attempt_number=row["attempt_number"],
+            scheduled_at=row["scheduled_at"], occurred_at=now, completed_at=now,
+            delivery=row["delivery"],
+            error_message=f"rejected{who}: {command.reason or 'no reason given'}"))]
+
+    def _due_record(self, due: JobDue) -> OutRecord:
+        return OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+                         trace_headers(new_traceparent()))
+
+    def _event_record(self, event: ExecutionEvent) -> OutRecord:
+        return OutRecord(self.topics.execution_events, event.job_id.encode(), event.to_json(),
+                         trace_headers(new_traceparent()))
 
     def _alert(self, event: ExecutionEvent) -> OutRecord:
         alert = Alert(
@@ -201,6 +345,122 @@ class MonitorService:
         await conn.execute(query("delete_dependencies"), job_id)
         if d.depends_on:
             await conn.execute(query("insert_dependencies"), job_id, list(d.depends_on))
+
+    # -- housekeeping: dead workers, next runs, queue depth -----------------------------
+
+    async def _housekeeping(self, stopping: asyncio.Event) -> None:
+        rounds = 0
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), HOUSEKEEPING_SECONDS)
+            if stopping.is_set():
+                return
+            rounds += 1
+            try:
+                if await self._caught_up_on_heartbeats():
+                    await self._requeue_dead_workers()
+                if rounds % METRICS_EVERY == 0:
+                    await self._refresh_next_executions()
+                    await self._measure_queue_depth()
+            except (asyncpg.PostgresError, OSError) as exc:
+                log(logger, "housekeeping_failed", logging.WARNING, error=str(exc))
+
+    async def _caught_up_on_heartbeats(self) -> bool:
+        """Only the monitor that owns `heartbeats` and has read it to the end may call a
+        worker dead: one that is catching up would see every worker as silent."""
+        assert self._consumer is not None
+        consumer = self._consumer.consumer
+        tp = TopicPartition(self.topics.heartbeats, 0)
+
+        def check() -> bool:
+            if tp not in [TopicPartition(a.topic, a.partition) for a in consumer.assignment()]:
+                return False
+            position = consumer.position([tp])[0].offset
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            return position >= 0 and high >= 0 and high - position <= 10
+
+        return bool(await self._consumer.call(check))
+
+    async def _requeue_dead_workers(self) -> None:
+        assert self._pool is not None and self._producer is not None
+        dead = await self._pool.fetch(query("dead_workers"), self.settings.worker_dead_after_seconds)
+        if not dead:
+            return
+        ids = [r["worker_id"] for r in dead]
+        running = await self._pool.fetch(query("running_on_workers"), ids)
+        records: list[OutRecord] = []
+        now = now_utc()
+        for row in running:
+            job = JobSnapshot.model_validate_json(row["job"]) if not row["from_definition"] else \
+                JobSnapshot.of(JobDefinition.model_validate_json(row["job"]))
+            delivery = row["delivery"] + 1
+            key = row["idempotency_key"] or f"{row['job_id']}@{row['run_id']}"
+            records.append(self._event_record(ExecutionEvent(
+                event_id=uuid4(), execution_id=row["execution_id"], job_id=row["job_id"],
+                run_id=row["run_id"], status="REQUEUED", attempt_number=row["attempt_number"],
+                scheduled_at=row["scheduled_at"], occurred_at=now, delivery=delivery,
+                error_message=f"worker {row['worker_id']} stopped sending heartbeats")))
+            records.append(self._due_record(JobDue(
+                execution_id=row["execution_id"], job_id=row["job_id"], run_id=row["run_id"],
+                scheduled_at=row["scheduled_at"], attempt_number=row["attempt_number"],
+                reason="REQUEUE", delivery=delivery, idempotency_key=key, job=job)))
+            log(logger, "execution_requeued", job_id=row["job_id"],
+                execution_id=str(row["execution_id"]), delivery=delivery, reason="dead worker",
+                worker_id=row["worker_id"])
+        for record in records:
+            self._producer.produce(record)
+        await asyncio.get_running_loop().run_in_executor(None, self._producer.flush, 30.0)
+        await self._pool.execute(query("mark_workers_offline"), ids)
+        for row in dead:
+            log(logger, "worker_declared_dead", logging.WARNING, worker_id=row["worker_id"],
+                last_heartbeat=row["last_heartbeat"].isoformat(), requeued=len(running))
+
+    async def _refresh_next_executions(self) -> None:
+        """Keep `job_definitions.next_execution_at` current for the dashboards and `jobs`."""
+        assert self._pool is not None
+        rows = await self._pool.fetch(query("due_for_next_execution"))
+        if not rows:
+            return
+        now = now_utc()
+        ids, times = [], []
+        for row in rows:
+            definition = JobDefinition.model_validate_json(row["definition"])
+            ids.append(row["job_id"])
+            times.append(next_fire(definition, now))
+        await self._pool.execute(query("set_next_execution"), ids, times)
+
+    async def _measure_queue_depth(self) -> None:
+        """Queue depth per tier and queue: the workers group's lag on each work topic."""
+        assert self._pool is not None
+        depth = await asyncio.get_running_loop().run_in_executor(None, self._work_lag)
+        if depth:
+            await self._pool.execute(query("upsert_queue_depth"), [p for p, _, _ in depth],
+                                     [q for _, q, _ in depth], [d for _, _, d in depth])
+
+    def _work_lag(self) -> list[tuple[str, str, int]]:
+        reader = Consumer({"bootstrap.servers": self.settings.kafka_bootstrap_servers,
+                           "group.id": f"{self.topics.prefix}workers", "enable.auto.commit": False,
+                           "isolation.level": "read_committed", **self.settings.kafka_config})
+        try:
+            prefix = f"{self.topics.prefix}work."
+            metadata = reader.list_topics(timeout=10).topics
+            out = []
+            for name, topic in metadata.items():
+                if not name.startswith(prefix):
+                    continue
+                priority, queue = name[len(prefix):].split(".", 1)
+                if priority not in PRIORITIES:
+                    continue
+                tps = [TopicPartition(name, p) for p in topic.partitions]
+                committed = reader.committed(tps, timeout=10)
+                lag = 0
+                for tp in committed:
+                    low, high = reader.get_watermark_offsets(TopicPartition(name, tp.partition), 10)
+                    lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+                out.append((priority, queue, lag))
+            return out
+        finally:
+            reader.close()
 
 
 def _timestamp(msg: Message) -> datetime:

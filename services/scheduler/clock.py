@@ -30,6 +30,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from cronstream.shared.dag import dag_problem
 from cronstream.shared.ids import fast_uuid5, idempotency_key, wire_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest
@@ -235,6 +236,41 @@ class Clock:
             self._compute_first(job)
         self._schedule(job)
         return self._state_change(job)
+
+    # -- DAG shape (cycles, one root) --------------------------------------------------
+
+    def dag_problem(self, definition: JobDefinition) -> str | None:
+        """Why `definition` (not applied yet) would break the DAG rules, or None."""
+        if definition.type != "DEPENDENT" and not self._dependents_of(definition.job_id):
+            return None
+
+        def lookup(job_id: str) -> tuple[str, list[str]] | None:
+            if job_id == definition.job_id:
+                return definition.type, list(definition.depends_on)
+            job = self.jobs.get(job_id)
+            if job is None:
+                return None
+            try:
+                found = job.definition
+            except ValidationError:
+                return None
+            return found.type, list(found.depends_on)
+
+        return dag_problem(definition.job_id, lookup, self._dependents_of)
+
+    def _dependents_of(self, job_id: str) -> list[str]:
+        """Jobs whose depends_on names `job_id`. Definitions are parsed lazily, so only
+        the ones that look DEPENDENT in their raw bytes are parsed for this."""
+        found = []
+        for job in self.jobs.values():
+            if job._definition is None and b"DEPENDENT" not in job.raw:
+                continue
+            try:
+                if job_id in job.definition.depends_on:
+                    found.append(job.job_id)
+            except ValidationError:
+                continue
+        return found
 
     def add_retry(self, request: RetryRequest) -> None:
         self.retries[request.execution_id] = request

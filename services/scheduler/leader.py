@@ -306,6 +306,10 @@ class Leader:
             if value is not None:
                 try:
                     definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
+                    problem = self.clock.dag_problem(definition)
+                    if problem is not None:
+                        definition = None
+                        raise DecodeError(f"invalid DAG: {problem}")
                 except DecodeError as exc:
                     records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
             change = self.clock.apply_definition(

@@ -25,18 +25,18 @@ ON CONFLICT (event_id) DO NOTHING;
 INSERT INTO job_executions AS je (
     execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at, completed_at,
     worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
-    priority, queue, last_event, updated_at)
+    priority, queue, last_event, updated_at, reason, idempotency_key, job)
 SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
        p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message,
        p.result::jsonb, p.progress, p.progress_message, p.priority, p.queue, p.last_event,
-       p.updated_at
+       p.updated_at, p.reason, p.idempotency_key, p.job::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::timestamptz[],
             $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::int[],
             $11::int[], $12::text[], $13::text[], $14::real[], $15::text[], $16::text[],
-            $17::text[], $18::text[], $19::timestamptz[])
+            $17::text[], $18::text[], $19::timestamptz[], $20::text[], $21::text[], $22::text[])
      AS p(execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at,
           completed_at, worker_id, attempt_number, delivery, error_message, result, progress,
-          progress_message, priority, queue, last_event, updated_at)
+          progress_message, priority, queue, last_event, updated_at, reason, idempotency_key, job)
 ON CONFLICT (execution_id) DO UPDATE SET
     status = EXCLUDED.status,
     delivery = EXCLUDED.delivery,
@@ -55,6 +55,9 @@ ON CONFLICT (execution_id) DO UPDATE SET
     result = COALESCE(EXCLUDED.result, je.result),
     priority = COALESCE(EXCLUDED.priority, je.priority),
     queue = COALESCE(EXCLUDED.queue, je.queue),
+    reason = COALESCE(EXCLUDED.reason, je.reason),
+    idempotency_key = COALESCE(EXCLUDED.idempotency_key, je.idempotency_key),
+    job = COALESCE(EXCLUDED.job, je.job),
     updated_at = EXCLUDED.updated_at
 WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                         'SKIPPED')
@@ -185,3 +188,61 @@ WHERE job_id = $1 AND attempt_number = 1 AND scheduled_at = ANY($2::timestamptz[
 -- name: execution_by_id
 SELECT execution_id, job_id, run_id, status, scheduled_at, attempt_number, delivery
 FROM job_executions WHERE execution_id = $1;
+
+-- name: dag_upstream_ids
+SELECT DISTINCT upstream_job_id FROM job_dependencies;
+
+-- name: dag_downstreams
+SELECT d.job_id, d.definition
+FROM job_dependencies dep
+JOIN job_definitions d ON d.job_id = dep.downstream_job_id
+WHERE dep.upstream_job_id = $1 AND d.deleted_at IS NULL AND d.enabled;
+
+-- name: run_states
+-- The latest attempt of each of the given jobs in one run.
+SELECT DISTINCT ON (job_id) job_id, status, result
+FROM job_executions
+WHERE run_id = $1 AND job_id = ANY($2::text[])
+ORDER BY job_id, attempt_number DESC, updated_at DESC;
+
+-- name: claim_evaluation
+INSERT INTO dag_evaluations (run_id, job_id, execution_id, decision, detail)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (run_id, job_id) DO NOTHING
+RETURNING execution_id;
+
+-- name: awaiting_execution
+SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, idempotency_key, job
+FROM job_executions WHERE execution_id = $1 AND status = 'AWAITING_APPROVAL';
+
+-- name: dead_workers
+SELECT worker_id, last_heartbeat FROM workers
+WHERE status <> 'OFFLINE' AND last_heartbeat < now() - make_interval(secs => $1);
+
+-- name: running_on_workers
+SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
+       e.idempotency_key, e.worker_id, COALESCE(e.job, d.definition) AS job, e.job IS NULL AS from_definition
+FROM job_executions e
+LEFT JOIN job_definitions d ON d.job_id = e.job_id
+WHERE e.status = 'RUNNING' AND e.worker_id = ANY($1::text[]);
+
+-- name: mark_workers_offline
+UPDATE workers SET status = 'OFFLINE', running = '{}', updated_at = now()
+WHERE worker_id = ANY($1::text[]) AND status <> 'OFFLINE';
+
+-- name: due_for_next_execution
+SELECT job_id, definition FROM job_definitions
+WHERE deleted_at IS NULL AND enabled AND type <> 'DEPENDENT' AND next_execution_at < now()
+LIMIT 10000;
+
+-- name: set_next_execution
+UPDATE job_definitions d SET next_execution_at = u.next_at
+FROM unnest($1::text[], $2::timestamptz[]) AS u(job_id, next_at)
+WHERE d.job_id = u.job_id;
+
+-- name: upsert_queue_depth
+INSERT INTO queue_depth (priority, queue, depth, measured_at)
+SELECT q.priority, q.queue, q.depth, now()
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS q(priority, queue, depth)
+ON CONFLICT (priority, queue) DO UPDATE SET depth = EXCLUDED.depth,
+                                            measured_at = EXCLUDED.measured_at;

@@ -27,6 +27,7 @@ def test_garbage_on_every_topic_is_dead_lettered_and_nothing_stops(
         t.work("normal", "default"): "worker",
         t.execution_events: "monitor",
         t.heartbeats: "monitor",
+        t.commands: "monitor",
     }
     for topic in consumed:
         # Keys are required on the compacted topics; give every record one.
