@@ -47,7 +47,7 @@ from cronstream.services.monitor.projection import (
     heartbeat_arrays,
     patch_arrays,
 )
-from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.codec import DecodeError, decode, decode_key, decode_many
 from cronstream.shared.db import query
 from cronstream.shared.ids import NAMESPACE, idempotency_key
 from cronstream.shared.kafka import (
@@ -110,6 +110,7 @@ class MonitorService:
         self._producer: IdempotentProducer | None = None
         self._consumer: ConsumerThread | None = None
         self._dag_upstreams: set[str] = set()
+        self._pending: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=2)
         self.projected = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -124,21 +125,36 @@ class MonitorService:
                   self.topics.job_definitions, self.topics.commands]
         await consumer.call(lambda: consumer.consumer.subscribe(topics, on_assign=self._on_assign))
         housekeeping = asyncio.create_task(self._housekeeping(stopping))
+        writer = asyncio.create_task(self._write_batches())
         log(logger, "monitor_started", instance=self.instance)
         try:
-            while not stopping.is_set():
+            # Decoding batch n+1 overlaps with writing batch n; writes stay in order, one
+            # transaction each, so each batch's offsets still commit with its rows.
+            while not stopping.is_set() and not writer.done():
                 messages = await consumer.consume(BATCH, 0.1)
                 if messages:
-                    offsets = await self._project(messages)
-                    if offsets:
-                        await consumer.call(self._commit_to_kafka, consumer.consumer, offsets)
+                    await self._pending.put(self._decode(messages))
+            await self._pending.join()
         finally:
+            writer.cancel()
             housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await housekeeping
+            for task in (writer, housekeeping):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await consumer.close()
             await self._pool.close()
             self._producer.flush(5.0)
+
+    async def _write_batches(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._pending.get()
+            try:
+                offsets = await self._project(batch)
+                if offsets:
+                    await self._consumer.call(self._commit_to_kafka, self._consumer.consumer, offsets)
+            finally:
+                self._pending.task_done()
 
     @staticmethod
     def _commit_to_kafka(consumer: Consumer, offsets: list[TopicPartition]) -> None:
@@ -151,7 +167,9 @@ class MonitorService:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self._loop is not None
-        stored = asyncio.run_coroutine_threadsafe(self._stored_offsets(), self._loop).result(60)
+        # Batches read before this rebalance are written first, so the stored offsets
+        # read below include them.
+        stored = asyncio.run_coroutine_threadsafe(self._stored_offsets(), self._loop).result(120)
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), -2)  # -2: from the beginning
         consumer.assign(partitions)
@@ -159,14 +177,14 @@ class MonitorService:
 
     async def _stored_offsets(self) -> dict[tuple[str, int], int]:
         assert self._pool is not None
+        await self._pending.join()
         rows = await self._pool.fetch(query("load_offsets"), self.group)
         return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
     # -- projection -----------------------------------------------------------------
 
-    async def _project(self, messages: list[Message]) -> list[TopicPartition]:
+    async def _project(self, batch: _Batch) -> list[TopicPartition]:
         assert self._pool is not None and self._producer is not None
-        batch = self._decode(messages)
         events, beats, definitions, commands, offsets, outgoing = (
             batch.events, batch.beats, batch.definitions, batch.commands, batch.offsets,
             batch.outgoing)
@@ -196,12 +214,15 @@ class MonitorService:
             await conn.execute(
                 query("store_offsets"), self.group,
                 [t for t, _ in offsets], [p for _, p in offsets], list(offsets.values()))
-        self.projected += len(messages)
+        self.projected += len(events) + len(beats) + len(definitions) + len(commands)
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
 
     def _decode(self, messages: list[Message]) -> _Batch:
         batch = _Batch()
+        fast = self._decode_events_at_once(messages, batch)
         for msg in messages:
+            if fast and msg.error() is None and msg.topic() == self.topics.execution_events:
+                continue
             err = msg.error()
             if err is not None:
                 log_consumer_error("monitor", err)
@@ -229,6 +250,18 @@ class MonitorService:
                 else:
                     batch.outgoing.append(dead_letter(self.topics, msg, str(exc), SERVICE))
         return batch
+
+    def _decode_events_at_once(self, messages: list[Message], batch: _Batch) -> bool:
+        """Validate every execution event of the batch in one pydantic pass; False (and
+        nothing recorded) when one of them is bad, so the slow path can name it."""
+        mine = [m for m in messages if m.error() is None and m.topic() == self.topics.execution_events]
+        decoded = decode_many(ExecutionEvent, [m.value() for m in mine])
+        if decoded is None or any(m.key() != e.job_id.encode() for m, e in zip(mine, decoded, strict=True)):
+            return False
+        for msg, event in zip(mine, decoded, strict=True):
+            batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            batch.events.append((event, msg.partition(), msg.offset()))
+        return True
 
     async def _refresh_dag_upstreams(self) -> None:
         assert self._pool is not None

@@ -1,0 +1,136 @@
+"""Monitor benchmarks (SPEC §9).
+
+    python -m bench.monitor                 # both
+    python -m bench.monitor projection
+
+- projection: a backlog of 50,000 execution events (10,000 executions × QUEUED, RUNNING,
+  PROGRESS, PROGRESS, COMPLETED) projected by a monitor started afterwards; events/s until
+  `execution_events` holds them all. Target ≥ 20,000/s.
+- catch_up: the whole system at a steady rate (BENCH_RATE, default 1,000 executions/s on
+  this 2-core machine), the monitor stopped for 60 s, then restarted: time until its
+  projection is current again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from confluent_kafka import Producer
+
+from bench.harness import BenchSystem, fetch, write_result
+from cronstream.client import Client
+from cronstream.shared.records import ExecutionEvent, JobDefinition
+from tests.support import eventually
+
+
+def projection() -> dict[str, Any]:
+    executions = int(os.environ.get("BENCH_EXECUTIONS", "10000"))
+    system = BenchSystem("projection")
+    try:
+        producer = Producer({"bootstrap.servers": system.settings.kafka_bootstrap_servers,
+                             "linger.ms": 20, "enable.idempotence": True,
+                             "partitioner": "murmur2_random", "compression.type": "lz4"})
+        t0 = datetime.now(UTC)
+        total = 0
+        for i in range(executions):
+            job_id = f"p-{i % 500}"
+            execution, run = uuid.uuid4(), uuid.uuid4()
+            for step, (status, extra) in enumerate((
+                    ("QUEUED", {"priority": "normal", "queue": "default"}),
+                    ("RUNNING", {"worker_id": "w1"}),
+                    ("PROGRESS", {"worker_id": "w1", "progress": 30.0}),
+                    ("PROGRESS", {"worker_id": "w1", "progress": 70.0}),
+                    ("COMPLETED", {"worker_id": "w1", "result": {"i": i}, "progress": 100.0}))):
+                at = t0 + timedelta(milliseconds=step)
+                event = ExecutionEvent(event_id=uuid.uuid4(), execution_id=execution, job_id=job_id,
+                                       run_id=run, status=status, attempt_number=1, scheduled_at=t0,
+                                       occurred_at=at, started_at=t0 if step else None,
+                                       completed_at=at if status == "COMPLETED" else None, **extra)
+                while True:
+                    try:
+                        producer.produce(system.settings.topics.execution_events, event.to_json(),
+                                         job_id.encode())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                total += 1
+        assert producer.flush(60) == 0
+        url = system.settings.database_url
+        started = time.monotonic()
+        monitor = system.start("monitor", name="monitor")
+        eventually(lambda: fetch(url, "SELECT count(*) AS n FROM execution_events")[0]["n"] >= total,
+                   300, interval=0.2, message="the backlog projected")
+        elapsed = time.monotonic() - started
+        finished = datetime.now(UTC)
+        assigned = re.findall(r"ts=(\S+) level=info service=monitor action=partitions_assigned",
+                              monitor.log())[-1]  # the log file may hold earlier runs
+        since_assignment = finished - datetime.fromisoformat(assigned.replace("Z", "+00:00"))
+        done = fetch(url, "SELECT count(*) AS n FROM job_executions WHERE status = 'COMPLETED'")[0]["n"]
+        return {"params": {"executions": executions, "events": total},
+                "seconds_including_start": round(elapsed, 2),
+                "events_per_second_including_start": round(total / elapsed),
+                "seconds_from_assignment": round(since_assignment.total_seconds(), 2),
+                "events_per_second_from_assignment": round(total / since_assignment.total_seconds()),
+                "completed_rows": done}
+    finally:
+        system.close()
+
+
+def catch_up() -> dict[str, Any]:
+    rate = int(os.environ.get("BENCH_RATE", "1000"))
+    outage = int(os.environ.get("BENCH_OUTAGE", "60"))
+    system = BenchSystem("catch_up")
+    try:
+        monitor = system.start("monitor", name="monitor")
+        dispatcher = system.start("dispatcher", name="dispatcher")
+        scheduler = system.start("scheduler", name="scheduler")
+        workers = [system.start("worker", "--worker-id", f"w{i}", "--concurrency", "32",
+                                name=f"worker-{i}") for i in range(2)]
+        scheduler.wait_for_log("action=leader_ready")
+        for proc in (monitor, dispatcher, *workers):
+            proc.wait_for_log("action=partitions_assigned")
+        base = datetime(2026, 1, 1, tzinfo=UTC)
+        with Client(system.settings) as client:
+            client.apply([JobDefinition(
+                job_id=f"c-{i:05d}", type="INTERVAL", interval_seconds=1, handler="noop",
+                start_at=base + timedelta(milliseconds=i * 1000 // rate)) for i in range(rate)])
+        time.sleep(10)
+        assert monitor.stop() == 0
+        stopped_at = time.time()
+        time.sleep(outage)  # the outage being measured
+        url = system.settings.database_url
+        restarted = time.monotonic()
+        system.start("monitor", name="monitor-2")
+
+        def current() -> bool:
+            newest = fetch(url, "SELECT max(occurred_at) AS t FROM execution_events")[0]["t"]
+            return newest is not None and newest.timestamp() > time.time() - 2
+        eventually(current, 600, interval=0.5, message="the projection is current")
+        caught_up = time.monotonic() - restarted
+        behind = fetch(url, "SELECT count(*) AS n FROM execution_events WHERE occurred_at > to_timestamp($1)",
+                       stopped_at)[0]["n"]
+        return {"params": {"executions_per_second": rate, "outage_seconds": outage},
+                "events_during_outage_and_catch_up": behind,
+                "catch_up_seconds": round(caught_up, 1),
+                "catch_up_events_per_second": round(behind / caught_up)}
+    finally:
+        system.close()
+
+
+BENCHES = {"projection": projection, "catch_up": catch_up}
+
+
+def main(names: list[str] | None = None) -> None:
+    for name in names or list(BENCHES):
+        print(f"--- monitor.{name}", flush=True)
+        write_result(f"monitor_{name}", BENCHES[name]())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or None)
