@@ -29,7 +29,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -179,6 +179,13 @@ class ConsumerThread:
         self._executor.shutdown(wait=True)
 
 
+def position(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record (always set on one)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
 def message_error(msg: Message) -> KafkaError | None:
     err = msg.error()
     if err is None:
@@ -223,16 +230,17 @@ async def read_to_end(
         records = []
         for msg in messages:
             err = msg.error()
-            key = (msg.topic(), msg.partition())
+            topic, partition, offset = position(msg)
+            key = (topic, partition)
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= ends.get(key, 0):
+                    if offset >= ends.get(key, 0):
                         pending.discard(key)
                     continue
                 log_consumer_error(reader.name, err)
                 continue
             records.append(msg)
-            if msg.offset() + 1 >= ends.get(key, 0):
+            if offset + 1 >= ends.get(key, 0):
                 pending.discard(key)
         if records:
             handle(records)

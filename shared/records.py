@@ -49,7 +49,7 @@ from pydantic import (
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 MAX_PARAMS_BYTES = 64 * 1024
 MAX_RESULT_BYTES = 64 * 1024

@@ -121,7 +121,7 @@ class PolicyState:
 
     def drain_dirty(self) -> list[tuple[str, int, bytes | None]]:
         """(job_id, partition, record value or None for a tombstone) of changed jobs."""
-        out = []
+        out: list[tuple[str, int, bytes | None]] = []
         for job_id in sorted(self.dirty):
             executions = self.jobs.get(job_id) or {}
             partition = self.partition_of.get(job_id, 0)

@@ -29,6 +29,7 @@ from cronstream.shared.kafka import (
     dead_letter,
     ensure_topics,
     log_consumer_error,
+    position,
     producer_config,
     read_to_end,
     reader_config,
@@ -109,7 +110,8 @@ class DispatcherService:
             if err is not None:
                 log_consumer_error("dispatcher", err)
                 continue
-            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            topic, partition, offset = position(msg)
+            offsets[(topic, partition)] = offset + 1
             if msg.topic() != self.topics.job_due:
                 self._observe(msg)
                 continue
@@ -264,8 +266,9 @@ class DispatcherService:
 
         def load(messages: list[Message]) -> None:
             for m in messages:
-                if m.key():
-                    self.policy.load(m.partition(), m.value(), m.key().decode())
+                key = m.key()
+                if key:
+                    self.policy.load(position(m)[1], m.value(), key.decode())
 
         try:
             await read_to_end(reader, [TopicPartition(self.topics.dispatcher_state, p)

@@ -57,6 +57,7 @@ from cronstream.shared.kafka import (
     consumer_config,
     dead_letter,
     log_consumer_error,
+    position,
     producer_config,
 )
 from cronstream.shared.logs import log
@@ -227,12 +228,12 @@ class MonitorService:
             if err is not None:
                 log_consumer_error("monitor", err)
                 continue
-            topic = msg.topic()
-            batch.offsets[(topic, msg.partition())] = msg.offset() + 1
+            topic, partition, offset = position(msg)
+            batch.offsets[(topic, partition)] = offset + 1
             try:
                 if topic == self.topics.execution_events:
                     event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
-                    batch.events.append((event, msg.partition(), msg.offset()))
+                    batch.events.append((event, partition, offset))
                 elif topic == self.topics.heartbeats:
                     batch.beats.append(decode(Heartbeat, msg.value(), key=msg.key(),
                                               key_field="worker_id"))
@@ -259,8 +260,9 @@ class MonitorService:
         if decoded is None or any(m.key() != e.job_id.encode() for m, e in zip(mine, decoded, strict=True)):
             return False
         for msg, event in zip(mine, decoded, strict=True):
-            batch.offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-            batch.events.append((event, msg.partition(), msg.offset()))
+            topic, partition, offset = position(msg)
+            batch.offsets[(topic, partition)] = offset + 1
+            batch.events.append((event, partition, offset))
         return True
 
     async def _refresh_dag_upstreams(self) -> None:
@@ -269,7 +271,7 @@ class MonitorService:
 
     # -- DAG runs ---------------------------------------------------------------------
 
-    async def _advance_dags(self, conn: asyncpg.Connection, finals: list[ExecutionPatch]) -> list[OutRecord]:
+    async def _advance_dags(self, conn: Any, finals: list[ExecutionPatch]) -> list[OutRecord]:
         records: list[OutRecord] = []
         for patch in finals:
             for row in await conn.fetch(query("dag_downstreams"), patch.job_id):
@@ -308,7 +310,7 @@ class MonitorService:
             completed_at=now if status == "SKIPPED" else None, error_message=verdict.detail,
             reason="DEPENDENCY", idempotency_key=key, job=snapshot))]
 
-    async def _apply_command(self, conn: asyncpg.Connection, command: Command) -> list[OutRecord]:
+    async def _apply_command(self, conn: Any, command: Command) -> list[OutRecord]:
         """APPROVE releases, REJECT skips, an execution AWAITING_APPROVAL. (CANCEL is the
         workers' and the CLI's.)"""
         if command.command == "CANCEL":
@@ -357,7 +359,7 @@ class MonitorService:
         return OutRecord(self.topics.alerts, alert.job_id.encode(), alert.to_json())
 
     async def _project_definition(
-        self, conn: asyncpg.Connection, job_id: str, d: JobDefinition | None, seen_at: datetime,
+        self, conn: Any, job_id: str, d: JobDefinition | None, seen_at: datetime,
     ) -> None:
         if d is None:
             await conn.execute(query("delete_definition"), job_id, seen_at)

@@ -42,6 +42,7 @@ from cronstream.shared.kafka import (
     TransactionalProducer,
     dead_letter,
     log_consumer_error,
+    position,
     producer_config,
     read_to_end,
     reader_config,
@@ -140,12 +141,13 @@ class Leader:
         try:
             job_id = decode_key(msg.key())
         except DecodeError as exc:
-            if msg.offset() >= self._committed_offset:
+            if position(msg)[2] >= self._committed_offset:
                 self._pending_fixes.append(
                     dead_letter(self.topics, msg, str(exc), SERVICE))
             return
-        self.clock.load_definition(job_id, msg.value(), msg.offset(), _timestamp(msg))
-        if msg.offset() >= self._committed_offset:
+        offset = position(msg)[2]
+        self.clock.load_definition(job_id, msg.value(), offset, _timestamp(msg))
+        if offset >= self._committed_offset:
             self._unprocessed.append(msg)
 
     # -- takeover -------------------------------------------------------------------
@@ -213,7 +215,7 @@ class Leader:
         records: list[OutRecord] = []
         last_offset = -1
         for msg in self._unprocessed:
-            last_offset = max(last_offset, msg.offset())
+            last_offset = max(last_offset, position(msg)[2])
             if msg.value() is None:
                 continue
             try:
@@ -335,7 +337,7 @@ class Leader:
             self._pending_fixes = []
             offsets = None
             if defs:
-                offsets = [TopicPartition(self.topics.job_definitions, 0, defs[-1].offset() + 1)]
+                offsets = [TopicPartition(self.topics.job_definitions, 0, position(defs[-1])[2] + 1)]
             plan = self.clock.plan(now_ms, FIRE_LIMIT)
             records += self._plan_records(plan)
             planned_ms = time_ms()

@@ -42,6 +42,7 @@ from cronstream.shared.kafka import (
     dead_letter,
     ensure_topics,
     log_consumer_error,
+    position,
     producer_config,
     read_to_end,
     reader_config,
@@ -243,7 +244,8 @@ class WorkerService:
             msg = self._next_buffered()
             if msg is None:
                 break
-            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
+            topic, partition, offset = position(msg)
+            offsets[(topic, partition)] = offset + 1
             try:
                 due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
             except DecodeError as exc:
