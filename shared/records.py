@@ -29,7 +29,7 @@ Execution states and who moves an execution out of each (SPEC §3, §5):
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -90,8 +90,12 @@ def _timezones() -> frozenset[str]:
     return frozenset(available_timezones())
 
 
+_ZERO = timedelta(0)
+
+
 def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    # Most values arrive in UTC already ("...Z"): keep those as they are (cheap path).
+    return value if value.utcoffset() == _ZERO else value.astimezone(UTC)
 
 
 def _json_size(value: Any) -> int:

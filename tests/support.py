@@ -59,6 +59,8 @@ def env_for(settings: Settings) -> dict[str, str]:
         "CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS": str(settings.worker_drain_grace_seconds),
         "CRONSTREAM_LOG_LEVEL": "INFO",
         "PYTHONUNBUFFERED": "1",
+        # Services stop by themselves if the test (or benchmark) process dies.
+        "CRONSTREAM_PARENT_PID": str(os.getpid()),
     })
     return env
 

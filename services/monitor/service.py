@@ -88,14 +88,20 @@ METRICS_EVERY = 5  # housekeeping rounds between metric refreshes
 
 @dataclass
 class _Batch:
-    """One consumed batch, decoded."""
+    """One consumed batch, decoded. Every item keeps its (topic, partition, offset) so that
+    the part another monitor has already projected can be left out (see `_fence`)."""
 
     events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
-    beats: list[Heartbeat] = field(default_factory=list)
-    definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
-    commands: list[Command] = field(default_factory=list)
+    beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
+    definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
+    commands: list[tuple[Command, int, int]] = field(default_factory=list)
+    dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    outgoing: list[OutRecord] = field(default_factory=list)
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def seen(self, topic: str, partition: int, offset: int) -> None:
+        self.offsets[(topic, partition)] = offset + 1
+        self.starts.setdefault((topic, partition), offset)
 
 
 class MonitorService:
@@ -112,6 +118,8 @@ class MonitorService:
         self._consumer: ConsumerThread | None = None
         self._dag_upstreams: set[str] = set()
         self._pending: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=2)
+        self._writer: asyncio.Task[None] | None = None
+        self._kafka_offsets: list[TopicPartition] = []
         self.projected = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -126,15 +134,20 @@ class MonitorService:
                   self.topics.job_definitions, self.topics.commands]
         await consumer.call(lambda: consumer.consumer.subscribe(topics, on_assign=self._on_assign))
         housekeeping = asyncio.create_task(self._housekeeping(stopping))
-        writer = asyncio.create_task(self._write_batches())
+        writer = self._writer = asyncio.create_task(self._write_batches())
         log(logger, "monitor_started", instance=self.instance)
         try:
             # Decoding batch n+1 overlaps with writing batch n; writes stay in order, one
             # transaction each, so each batch's offsets still commit with its rows.
             while not stopping.is_set() and not writer.done():
+                if self._kafka_offsets:
+                    done, self._kafka_offsets = self._kafka_offsets, []
+                    await consumer.call(self._commit_to_kafka, consumer.consumer, done)
                 messages = await consumer.consume(BATCH, 0.1)
                 if messages:
                     await self._pending.put(self._decode(messages))
+            if writer.done():
+                writer.result()  # the writer failed: fail the service with its error
             await self._pending.join()
         finally:
             writer.cancel()
@@ -151,11 +164,20 @@ class MonitorService:
         while True:
             batch = await self._pending.get()
             try:
-                offsets = await self._project(batch)
-                if offsets:
-                    await self._consumer.call(self._commit_to_kafka, self._consumer.consumer, offsets)
+                offsets = await self._project_with_retry(batch)
+                # Committed to Kafka by the poll loop, on the consumer's thread: from here
+                # it could block behind a rebalance callback that waits for this queue.
+                self._kafka_offsets.extend(offsets)
             finally:
                 self._pending.task_done()
+
+    async def _project_with_retry(self, batch: _Batch) -> list[TopicPartition]:
+        for attempt in range(1, 4):
+            try:
+                return await self._project(batch)
+            except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as exc:
+                log(logger, "projection_retried", logging.WARNING, attempt=attempt, error=str(exc))
+        return await self._project(batch)
 
     @staticmethod
     def _commit_to_kafka(consumer: Consumer, offsets: list[TopicPartition]) -> None:
@@ -178,7 +200,12 @@ class MonitorService:
 
     async def _stored_offsets(self) -> dict[tuple[str, int], int]:
         assert self._pool is not None
-        await self._pending.join()
+        assert self._writer is not None
+        drained = asyncio.ensure_future(self._pending.join())
+        await asyncio.wait([drained, self._writer], return_when=asyncio.FIRST_COMPLETED)
+        if not drained.done():
+            drained.cancel()
+            raise RuntimeError("the projection writer stopped; see the error above")
         rows = await self._pool.fetch(query("load_offsets"), self.group)
         return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
@@ -186,15 +213,23 @@ class MonitorService:
 
     async def _project(self, batch: _Batch) -> list[TopicPartition]:
         assert self._pool is not None and self._producer is not None
-        events, beats, definitions, commands, offsets, outgoing = (
-            batch.events, batch.beats, batch.definitions, batch.commands, batch.offsets,
-            batch.outgoing)
-        outgoing += [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
+        t = self.topics
         async with self._pool.acquire() as conn, conn.transaction():
+            stored = await self._fence(conn, batch)
+
+            def fresh(topic: str, partition: int, offset: int) -> bool:
+                return offset >= stored.get((topic, partition), 0)
+
+            events = [e for e in batch.events if fresh(t.execution_events, e[1], e[2])]
+            beats = [b for b, p, o in batch.beats if fresh(t.heartbeats, p, o)]
+            definitions = [d[:3] for d in batch.definitions if fresh(t.job_definitions, d[3], d[4])]
+            commands = [c for c, p, o in batch.commands if fresh(t.commands, p, o)]
+            outgoing = [r for r, topic, p, o in batch.dead if fresh(topic, p, o)]
+            outgoing += [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
             patches: list[ExecutionPatch] = []
             if events:
                 await conn.execute(query("insert_events"), *event_arrays(events))
-                patches = list(fold([e for e, _, _ in events]).values())
+                patches = sorted(fold([e for e, _, _ in events]).values(), key=lambda p: p.execution_id)
                 await conn.execute(query("upsert_executions"), *patch_arrays(patches))
             if beats:
                 await conn.execute(query("upsert_workers"), *heartbeat_arrays(beats))
@@ -212,11 +247,29 @@ class MonitorService:
                 for record in outgoing:
                     self._producer.produce(record)
                 await asyncio.get_running_loop().run_in_executor(None, self._producer.flush, 30.0)
+            offsets = {k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()}
             await conn.execute(
                 query("store_offsets"), self.group,
                 [t for t, _ in offsets], [p for _, p in offsets], list(offsets.values()))
         self.projected += len(events) + len(beats) + len(definitions) + len(commands)
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    async def _fence(self, conn: Any, batch: _Batch) -> dict[tuple[str, int], int]:
+        """Lock the offset rows of the batch's partitions (in a fixed order) and return
+        them. Around a rebalance two monitors can hold records of the same partition: the
+        lock serialises them, and whatever lies below the stored offset was projected
+        already and is left out — so every record is projected once, in order."""
+        keys = sorted(batch.starts)
+        topics, partitions = [t for t, _ in keys], [p for _, p in keys]
+        await conn.execute(query("ensure_offsets"), self.group, topics, partitions,
+                           [batch.starts[k] for k in keys])
+        stored = {(r["topic"], r["partition"]): r["next_offset"]
+                  for r in await conn.fetch(query("lock_offsets"), self.group, topics, partitions)}
+        overlap = [k for k in keys if stored.get(k, 0) > batch.starts[k]]
+        if overlap:
+            log(logger, "projected_records_skipped", partitions=len(overlap),
+                reason="already projected (a rebalance moved the partition)")
+        return stored
 
     def _decode(self, messages: list[Message]) -> _Batch:
         batch = _Batch()
@@ -229,27 +282,28 @@ class MonitorService:
                 log_consumer_error("monitor", err)
                 continue
             topic, partition, offset = position(msg)
-            batch.offsets[(topic, partition)] = offset + 1
+            batch.seen(topic, partition, offset)
             try:
                 if topic == self.topics.execution_events:
                     event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
                     batch.events.append((event, partition, offset))
                 elif topic == self.topics.heartbeats:
-                    batch.beats.append(decode(Heartbeat, msg.value(), key=msg.key(),
-                                              key_field="worker_id"))
+                    batch.beats.append((decode(Heartbeat, msg.value(), key=msg.key(),
+                                               key_field="worker_id"), partition, offset))
                 elif topic == self.topics.commands:
-                    batch.commands.append(decode(Command, msg.value()))
+                    batch.commands.append((decode(Command, msg.value()), partition, offset))
                 else:
                     job_id = decode_key(msg.key())
                     definition = None if msg.value() is None else decode(
                         JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-                    batch.definitions.append((job_id, definition, _timestamp(msg)))
+                    batch.definitions.append((job_id, definition, _timestamp(msg), partition, offset))
             except DecodeError as exc:
                 if topic == self.topics.job_definitions:
                     log(logger, "definition_skipped", logging.WARNING, offset=msg.offset(),
                         reason=str(exc)[:300])
                 else:
-                    batch.outgoing.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+                    batch.dead.append((dead_letter(self.topics, msg, str(exc), SERVICE),
+                                       topic, partition, offset))
         return batch
 
     def _decode_events_at_once(self, messages: list[Message], batch: _Batch) -> bool:
@@ -261,7 +315,7 @@ class MonitorService:
             return False
         for msg, event in zip(mine, decoded, strict=True):
             topic, partition, offset = position(msg)
-            batch.offsets[(topic, partition)] = offset + 1
+            batch.seen(topic, partition, offset)
             batch.events.append((event, partition, offset))
         return True
 

@@ -246,3 +246,19 @@ SELECT q.priority, q.queue, q.depth, now()
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS q(priority, queue, depth)
 ON CONFLICT (priority, queue) DO UPDATE SET depth = EXCLUDED.depth,
                                             measured_at = EXCLUDED.measured_at;
+
+-- name: ensure_offsets
+INSERT INTO consumer_offsets (consumer, topic, partition, next_offset)
+SELECT $1, o.topic, o.partition, o.next_offset
+FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(topic, partition, next_offset)
+ON CONFLICT (consumer, topic, partition) DO NOTHING;
+
+-- name: lock_offsets
+-- Taken first in every projection transaction, in a fixed order: two monitors never
+-- project the same partition at once, and a batch read before a rebalance is recognised
+-- as stale when the partition's new owner has already gone past its start.
+SELECT topic, partition, next_offset FROM consumer_offsets
+WHERE consumer = $1 AND (topic, partition) IN (
+    SELECT * FROM unnest($2::text[], $3::int[]))
+ORDER BY topic, partition
+FOR UPDATE;

@@ -75,6 +75,36 @@ def test_a_killed_monitor_resumes_exactly_once(processes: Processes, topics: Set
     assert actual == expected
 
 
+def test_monitors_joining_and_leaving_mid_stream_project_every_event_once(
+    processes: Processes, topics: Settings,
+) -> None:
+    services = processes.system()
+    for i in range(10):
+        produce_json(topics, topics.topics.job_definitions, f"busy-{i}", {
+            "job_id": f"busy-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"] > 60,
+               30, message="events flowing")
+    second = processes.start("monitor", "--instance-id", "m2", name="monitor-2")  # a rebalance
+    second.wait_for_log("action=partitions_assigned")
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"] > 200,
+               30, message="both project")
+    assert services["monitor"].stop() == 0  # another rebalance
+    assert services["scheduler"].stop() == 0
+
+    def projected_equals_log() -> bool:
+        on_topic = read_all(topics, topics.topics.execution_events)
+        in_db = sql(topics.database_url, "SELECT event_id FROM execution_events")
+        return len(in_db) == len(on_topic) and \
+            {str(r["event_id"]) for r in in_db} == {json.loads(m.value())["event_id"] for m in on_topic}
+
+    eventually(projected_equals_log, 40, message="execution_events equals the topic")
+    on_topic = [ExecutionEvent.model_validate_json(m.value())
+                for m in read_all(topics, topics.topics.execution_events)]
+    expected = {k: p.status for k, p in fold(on_topic).items()}
+    assert {r["execution_id"]: r["status"] for r in sql(topics.database_url,
+            "SELECT execution_id, status FROM job_executions")} == expected
+
+
 def running_row(settings: Settings, job_id: str) -> Any:
     found = [r for r in rows(settings, job_id) if r["status"] == "RUNNING"]
     return found[0] if found else None
