@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "worker"
 PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
-PRIORITY_FILL_SECONDS = 0.2  # after an assignment, buffer this long before the first start
+PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the first start
 
 
 CANCELLED_MEMORY = 100_000  # cancelled execution ids remembered
