@@ -43,3 +43,12 @@ def refuse(ctx: Context) -> None:
     from cronstream import NonRetryableError
 
     raise NonRetryableError("the input can never work")
+
+
+@handler("test.async-double")
+async def async_double(ctx: Context) -> dict[str, Any]:
+    import asyncio
+
+    await asyncio.sleep(0.1)
+    ctx.report_progress(100, "awaited")
+    return {"doubled": 2 * int(ctx.params["n"]), "attempt": ctx.attempt_number}

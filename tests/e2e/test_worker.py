@@ -3,6 +3,7 @@ priorities, long jobs, drain, and handler names that are not registered."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def test_unknown_handler_fails_once_and_imports_nothing(
 
 def test_progress_is_reported_and_ends_at_100(processes: Processes, topics: Settings) -> None:
     processes.system()
+    run_now(topics, "async", "test.async-double", params={"n": 21})  # an async handler
+    done = eventually(lambda: execution(topics, "async", "COMPLETED"), 30, message="async completes")
+    assert json.loads(done["result"]) == {"doubled": 42, "attempt": 1}
     run_now(topics, "sleeper", "sleep", params={"seconds": 3})
     row = eventually(lambda: execution(topics, "sleeper", "COMPLETED"), 30, message="sleep completes")
     assert row["progress"] == 100
