@@ -19,6 +19,7 @@ models would produce (a unit test holds them to it) at a fraction of the cost.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
@@ -144,6 +145,9 @@ class Clock:
         # Takeover only: job_id -> (definition_offset, next_fire_ms, last_fire_ms).
         self._state: dict[str, tuple[int, int | None, int | None]] = {}
         self._heap: list[tuple[int, int, str]] = []
+        # Reverse DAG index (upstream -> dependents); None until a DAG check needs it.
+        self._dependents: dict[str, set[str]] | None = None
+        self._upstreams: dict[str, tuple[str, ...]] = {}
 
     # -- takeover -------------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class Clock:
             self.jobs.pop(job_id, None)
         else:
             self.jobs[job_id] = JobClock(job_id, offset, raw, observed_ms)
+        self._dependents = None  # rebuilt on first use, after the replay
 
     def reconcile(self) -> list[StateChange]:
         """After replay: trust stored state where it matches the definition, recompute
@@ -224,9 +229,12 @@ class Clock:
     ) -> StateChange:
         """A new, updated or deleted (None) definition; takes effect at its next fire.
         An invalid one (`raw` given, `definition` None) suspends the job."""
+        self._unlink(job_id)
         if raw is None:
             self.jobs.pop(job_id, None)
             return StateChange(job_id, None)
+        if definition is not None:
+            self._link(job_id, definition)
         previous = self.jobs.get(job_id)
         job = JobClock(job_id, offset, raw, observed_ms, _definition=definition)
         if previous is not None:
@@ -259,18 +267,29 @@ class Clock:
         return dag_problem(definition.job_id, lookup, self._dependents_of)
 
     def _dependents_of(self, job_id: str) -> list[str]:
-        """Jobs whose depends_on names `job_id`. Definitions are parsed lazily, so only
-        the ones that look DEPENDENT in their raw bytes are parsed for this."""
-        found = []
-        for job in self.jobs.values():
-            if job._definition is None and b"DEPENDENT" not in job.raw:
-                continue
-            try:
-                if job_id in job.definition.depends_on:
-                    found.append(job.job_id)
-            except ValidationError:
-                continue
-        return found
+        """Jobs whose depends_on names `job_id`, from a reverse index built once (parsing
+        only the definitions that look DEPENDENT) and kept current by apply_definition."""
+        if self._dependents is None:
+            self._dependents, self._upstreams = {}, {}
+            for job in self.jobs.values():
+                if job._definition is None and b"DEPENDENT" not in job.raw:
+                    continue
+                with contextlib.suppress(ValidationError):
+                    self._link(job.job_id, job.definition)
+        return sorted(self._dependents.get(job_id, ()))
+
+    def _link(self, job_id: str, definition: JobDefinition) -> None:
+        if self._dependents is None or not definition.depends_on:
+            return
+        self._upstreams[job_id] = tuple(definition.depends_on)
+        for upstream in definition.depends_on:
+            self._dependents.setdefault(upstream, set()).add(job_id)
+
+    def _unlink(self, job_id: str) -> None:
+        if self._dependents is None:
+            return
+        for upstream in self._upstreams.pop(job_id, ()):
+            self._dependents.get(upstream, set()).discard(job_id)
 
     def add_retry(self, request: RetryRequest) -> None:
         self.retries[request.execution_id] = request

@@ -177,3 +177,31 @@ def test_a_burst_is_planned_in_bounded_batches() -> None:
     rest = clock.plan(ms(T0), limit=100)
     assert len(rest.dues) == 15
     assert {d.job_id for d in first.dues}.isdisjoint({d.job_id for d in rest.dues})
+
+
+def test_the_dag_index_follows_updates_and_deletes() -> None:
+    clock = clock_with(definition("root"))
+    a = JobDefinition(job_id="a", type="DEPENDENT", depends_on=["root"], handler="noop")
+    assert clock.dag_problem(a) is None
+    clock.apply_definition("a", a, a.to_json(), 1, ms(T0))
+    assert clock._dependents_of("root") == ["a"]
+    other = definition("other")
+    clock.apply_definition("other", other, other.to_json(), 2, ms(T0))
+    moved = a.model_copy(update={"depends_on": ["other"]})
+    clock.apply_definition("a", moved, moved.to_json(), 3, ms(T0))
+    assert clock._dependents_of("root") == [] and clock._dependents_of("other") == ["a"]
+    cycle = JobDefinition(job_id="other", type="DEPENDENT", depends_on=["a"], handler="noop")
+    assert "cycle" in (clock.dag_problem(cycle) or "")
+    clock.apply_definition("a", None, None, 4, ms(T0))
+    assert clock._dependents_of("other") == []
+
+
+def test_the_dag_index_is_rebuilt_after_a_replay() -> None:
+    clock = Clock()
+    a = JobDefinition(job_id="a", type="DEPENDENT", depends_on=["root"], handler="noop")
+    clock.load_state("root", state("root", 0, T0))
+    clock.load_definition("root", definition("root").to_json(), 0, ms(T0))
+    clock.load_definition("a", a.to_json(), 1, ms(T0))
+    clock.reconcile()
+    assert clock._dependents_of("root") == ["a"]
+    assert clock.jobs["root"]._definition is None, "scheduled jobs are not parsed for it"
