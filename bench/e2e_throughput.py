@@ -16,16 +16,16 @@ import os
 import time
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import BenchSystem, fetch, percentile, summary, write_result
+from bench.harness import BenchSystem, percentile, summary, write_result
 from cronstream.client import Client
 from cronstream.shared.records import JobDefinition
-from tests.support import eventually
+from tests.support import eventually, sql
 
 
 def main() -> dict[str, object]:
     jobs = int(os.environ.get("BENCH_JOBS", "1000"))
     interval = int(os.environ.get("BENCH_INTERVAL", "1"))
-    seconds = int(os.environ.get("BENCH_SECONDS", "30"))
+    seconds = int(os.environ.get("BENCH_SECONDS", "60"))
     workers = int(os.environ.get("BENCH_WORKERS", "2"))
     concurrency = os.environ.get("BENCH_CONCURRENCY", "32")
     system = BenchSystem("e2e_throughput")
@@ -53,16 +53,16 @@ def main() -> dict[str, object]:
         url = system.settings.database_url
         # Measure a steady window: skip the first seconds while every job gets going.
         time.sleep(int(os.environ.get("BENCH_WARMUP", "10")))
-        window_start = fetch(url, "SELECT now() AS t")[0]["t"]
+        window_start = sql(url, "SELECT now() AS t")[0]["t"]
         time.sleep(seconds)
-        window_end = fetch(url, "SELECT now() AS t")[0]["t"]
+        window_end = sql(url, "SELECT now() AS t")[0]["t"]
         with Client(system.settings) as client:
             for d in definitions:
                 client.delete(d.job_id)
-        eventually(lambda: fetch(url, "SELECT count(*) AS n FROM job_executions WHERE status "
+        eventually(lambda: sql(url, "SELECT count(*) AS n FROM job_executions WHERE status "
                                       "NOT IN ('COMPLETED','FAILED','PERMANENTLY_FAILED')")[0]["n"] == 0,
                    timeout=120, message="backlog drained")
-        rows = fetch(url, """
+        rows = sql(url, """
             SELECT extract(epoch FROM scheduled_at - $1) AS at,
                    extract(epoch FROM queued_at - scheduled_at) AS queue_lag,
                    extract(epoch FROM started_at - scheduled_at) AS start_lag,

@@ -9,12 +9,11 @@ import os
 import platform
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-import asyncpg
 
 from cronstream.shared.db import apply_migrations, connect
 from cronstream.shared.kafka import ensure_topics
@@ -36,17 +35,6 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"p50": percentile(values, 50), "p95": percentile(values, 95),
             "p99": percentile(values, 99), "max": max(values) if values else float("nan"),
             "count": len(values)}
-
-
-def fetch(url: str, statement: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(url)
-        try:
-            return await conn.fetch(statement, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 @dataclass
@@ -119,3 +107,13 @@ def write_result(name: str, figures: dict[str, Any]) -> Path:
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(json.dumps(payload, indent=2, default=str))
     return path
+
+
+Bench = Callable[[], dict[str, Any]]
+
+
+def run_benches(prefix: str, benches: dict[str, Bench], names: list[str] | None = None) -> None:
+    """Run the named benchmarks (all by default); each writes results/<prefix>_<name>.json."""
+    for name in names or list(benches):
+        print(f"--- {prefix}.{name}", flush=True)
+        write_result(f"{prefix}_{name}", benches[name]())

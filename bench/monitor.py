@@ -3,9 +3,10 @@
     python -m bench.monitor                 # both
     python -m bench.monitor projection
 
-- projection: a backlog of 50,000 execution events (10,000 executions × QUEUED, RUNNING,
-  PROGRESS, PROGRESS, COMPLETED) projected by a monitor started afterwards; events/s until
-  `execution_events` holds them all. Target ≥ 20,000/s.
+- projection, projection_two_monitors: a backlog of 50,000 execution events (10,000
+  executions × QUEUED, RUNNING, PROGRESS, PROGRESS, COMPLETED) projected by one (two)
+  monitors started afterwards; events/s until `execution_events` holds them all.
+  Target ≥ 20,000/s.
 - catch_up: the whole system at a steady rate (BENCH_RATE, default 1,000 executions/s on
   this 2-core machine), the monitor stopped for 60 s, then restarted: time until its
   projection is current again.
@@ -23,13 +24,13 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.harness import BenchSystem, fetch, write_result
+from bench.harness import BenchSystem, run_benches
 from cronstream.client import Client
 from cronstream.shared.records import ExecutionEvent, JobDefinition
-from tests.support import eventually
+from tests.support import eventually, sql
 
 
-def projection() -> dict[str, Any]:
+def projection(count: int = 1) -> dict[str, Any]:
     executions = int(os.environ.get("BENCH_EXECUTIONS", "10000"))
     system = BenchSystem("projection")
     try:
@@ -63,17 +64,16 @@ def projection() -> dict[str, Any]:
         assert producer.flush(60) == 0
         url = system.settings.database_url
         started = time.monotonic()
-        count = int(os.environ.get("BENCH_MONITORS", "1"))
         monitors = [system.start("monitor", "--instance-id", f"m{i}", name=f"monitor-{i}")
                     for i in range(count)]
-        eventually(lambda: fetch(url, "SELECT count(*) AS n FROM execution_events")[0]["n"] >= total,
+        eventually(lambda: sql(url, "SELECT count(*) AS n FROM execution_events")[0]["n"] >= total,
                    300, interval=0.2, message="the backlog projected")
         elapsed = time.monotonic() - started
         finished = datetime.now(UTC)
         assigned = min(re.findall(r"ts=(\S+) level=info service=monitor action=partitions_assigned",
                                   m.log())[-1] for m in monitors)  # the log may hold earlier runs
         since_assignment = finished - datetime.fromisoformat(assigned.replace("Z", "+00:00"))
-        done = fetch(url, "SELECT count(*) AS n FROM job_executions WHERE status = 'COMPLETED'")[0]["n"]
+        done = sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = 'COMPLETED'")[0]["n"]
         return {"params": {"executions": executions, "events": total, "monitors": count},
                 "seconds_including_start": round(elapsed, 2),
                 "events_per_second_including_start": round(total / elapsed),
@@ -111,11 +111,11 @@ def catch_up() -> dict[str, Any]:
         system.start("monitor", name="monitor-2")
 
         def current() -> bool:
-            newest = fetch(url, "SELECT max(occurred_at) AS t FROM execution_events")[0]["t"]
+            newest = sql(url, "SELECT max(occurred_at) AS t FROM execution_events")[0]["t"]
             return newest is not None and newest.timestamp() > time.time() - 2
         eventually(current, 600, interval=0.5, message="the projection is current")
         caught_up = time.monotonic() - restarted
-        behind = fetch(url, "SELECT count(*) AS n FROM execution_events WHERE occurred_at > to_timestamp($1)",
+        behind = sql(url, "SELECT count(*) AS n FROM execution_events WHERE occurred_at > to_timestamp($1)",
                        stopped_at)[0]["n"]
         return {"params": {"executions_per_second": rate, "outage_seconds": outage},
                 "events_during_outage_and_catch_up": behind,
@@ -125,13 +125,12 @@ def catch_up() -> dict[str, Any]:
         system.close()
 
 
-BENCHES = {"projection": projection, "catch_up": catch_up}
+BENCHES = {"projection": projection, "projection_two_monitors": lambda: projection(2),
+           "catch_up": catch_up}
 
 
 def main(names: list[str] | None = None) -> None:
-    for name in names or list(BENCHES):
-        print(f"--- monitor.{name}", flush=True)
-        write_result(f"monitor_{name}", BENCHES[name]())
+    run_benches("monitor", BENCHES, names)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.harness import BenchSystem, summary, write_result
+from bench.harness import BenchSystem, run_benches, summary
 from bench.scheduler import publish, publisher
 from tests.support import eventually, read_all
 
@@ -29,7 +30,7 @@ def histogram(values: list[float], low: float, high: float, bins: int) -> list[s
             for i, c in enumerate(counts)]
 
 
-def main() -> dict[str, Any]:
+def spread() -> dict[str, Any]:
     jobs = int(os.environ.get("BENCH_FAILING_JOBS", "1000"))
     system = BenchSystem("retries")
     try:
@@ -75,5 +76,9 @@ def main() -> dict[str, Any]:
         system.close()
 
 
+def main(names: list[str] | None = None) -> None:
+    run_benches("retries", {"spread": spread}, names)
+
+
 if __name__ == "__main__":
-    write_result("retries", main())
+    main(sys.argv[1:] or None)

@@ -6,7 +6,8 @@ import importlib
 import sys
 import traceback
 
-BENCHMARKS = ["bench.e2e_throughput", "bench.scheduler", "bench.worker", "bench.retries"]
+BENCHMARKS = ["bench.e2e_throughput", "bench.scheduler", "bench.worker", "bench.retries",
+              "bench.monitor"]
 
 
 def main() -> int:
@@ -14,12 +15,7 @@ def main() -> int:
     for name in BENCHMARKS:
         print(f"=== {name}", flush=True)
         try:
-            module = importlib.import_module(name)
-            result = module.main()
-            if name == "bench.retries":
-                from bench.harness import write_result
-
-                write_result("retries", result)
+            importlib.import_module(name).main()
         except Exception:
             traceback.print_exc()
             failed.append(name)

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from bench.harness import BenchSystem, summary, write_result
+from bench.harness import BenchSystem, run_benches, summary
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess, eventually
 
@@ -243,9 +243,7 @@ BENCHES = {"fire_lag": fire_lag, "burst": burst, "takeover": takeover, "failover
 
 
 def main(names: list[str] | None = None) -> None:
-    for name in names or list(BENCHES):
-        print(f"--- scheduler.{name}", flush=True)
-        write_result(f"scheduler_{name}", BENCHES[name]())
+    run_benches("scheduler", BENCHES, names)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 import bench.handlers  # noqa: F401  (registers bench.echo)
-from bench.harness import BenchSystem, write_result
+from bench.harness import BenchSystem, run_benches
 from bench.scheduler import tail_topic
 from cronstream.handlers import REGISTRY
 from cronstream.services.worker import builtins  # noqa: F401
@@ -117,9 +117,7 @@ BENCHES = {"pool_overhead": pool_overhead, "dispatch_throughput": dispatch_throu
 
 
 def main(names: list[str] | None = None) -> None:
-    for name in names or list(BENCHES):
-        print(f"--- worker.{name}", flush=True)
-        write_result(f"worker_{name}", BENCHES[name]())
+    run_benches("worker", BENCHES, names)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,12 @@ def position(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+def record_time_ms(msg: Message) -> int:
+    """The record's Kafka timestamp in epoch ms (now, for a record without one)."""
+    kind, ts = msg.timestamp()
+    return ts if kind and ts > 0 else time.time_ns() // 1_000_000
+
+
 def message_error(msg: Message) -> KafkaError | None:
     err = msg.error()
     if err is None:

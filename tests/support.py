@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -119,6 +120,27 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the `cronstream` CLI against the test's servers and topics."""
+    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def run_now(settings: Settings, job_id: str, handler: str, **fields: Any) -> None:
+    """Publish a ONE_TIME job due now, as any Kafka client would."""
+    produce_json(settings, settings.topics.job_definitions, job_id, {
+        "job_id": job_id, "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
+        "handler": handler, **fields})
+
+
+def projection_equals_log(settings: Settings) -> bool:
+    """Whether `execution_events` holds exactly the events of the topic, each once."""
+    on_topic = read_all(settings, settings.topics.execution_events)
+    in_db = sql(settings.database_url, "SELECT event_id FROM execution_events")
+    return len(in_db) == len(on_topic) and \
+        {str(r["event_id"]) for r in in_db} == {json.loads(m.value())["event_id"] for m in on_topic}
 
 
 def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,

@@ -11,7 +11,7 @@ import click
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
-from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent
+from cronstream.shared.records import TERMINAL_STATUSES, CommandKind, ExecutionEvent
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
 from cronstream.shared.settings import Settings
@@ -224,9 +224,7 @@ def _cancel_pending_retry(settings: Settings, row: Any, reason: str) -> None:
 @pass_state
 def approve(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
     """Release a DAG step waiting in AWAITING_APPROVAL."""
-    with Client(state.settings()) as client:
-        client.command("APPROVE", execution_id, reason)
-    click.echo(f"approval sent for {execution_id}")
+    _decide(state, "APPROVE", execution_id, reason)
 
 
 @click.command()
@@ -235,9 +233,13 @@ def approve(state: CliState, execution_id: uuid.UUID, reason: str | None) -> Non
 @pass_state
 def reject(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
     """Skip a DAG step waiting in AWAITING_APPROVAL (SKIPPED)."""
+    _decide(state, "REJECT", execution_id, reason)
+
+
+def _decide(state: CliState, kind: CommandKind, execution_id: uuid.UUID, reason: str | None) -> None:
     with Client(state.settings()) as client:
-        client.command("REJECT", execution_id, reason)
-    click.echo(f"rejection sent for {execution_id}")
+        client.command(kind, execution_id, reason)
+    click.echo(f"{kind.lower()} sent for {execution_id}")
 
 
 COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel, approve, reject]

@@ -59,6 +59,7 @@ from cronstream.shared.kafka import (
     log_consumer_error,
     position,
     producer_config,
+    record_time_ms,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.records import (
@@ -296,7 +297,8 @@ class MonitorService:
                     job_id = decode_key(msg.key())
                     definition = None if msg.value() is None else decode(
                         JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-                    batch.definitions.append((job_id, definition, _timestamp(msg), partition, offset))
+                    seen_at = from_epoch_ms(record_time_ms(msg))
+                    batch.definitions.append((job_id, definition, seen_at, partition, offset))
             except DecodeError as exc:
                 if topic == self.topics.job_definitions:
                     log(logger, "definition_skipped", logging.WARNING, offset=msg.offset(),
@@ -551,9 +553,3 @@ class MonitorService:
         finally:
             reader.close()
 
-
-def _timestamp(msg: Message) -> datetime:
-    kind, ts = msg.timestamp()
-    if kind and ts > 0:
-        return from_epoch_ms(ts)
-    return now_utc()

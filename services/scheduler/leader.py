@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 from uuid import UUID
@@ -46,6 +45,7 @@ from cronstream.shared.kafka import (
     producer_config,
     read_to_end,
     reader_config,
+    record_time_ms,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDefinition, RetryRequest
@@ -146,7 +146,7 @@ class Leader:
                     dead_letter(self.topics, msg, str(exc), SERVICE))
             return
         offset = position(msg)[2]
-        self.clock.load_definition(job_id, msg.value(), offset, _timestamp(msg))
+        self.clock.load_definition(job_id, msg.value(), offset, record_time_ms(msg))
         if offset >= self._committed_offset:
             self._unprocessed.append(msg)
 
@@ -315,7 +315,7 @@ class Leader:
                 except DecodeError as exc:
                     records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
             change = self.clock.apply_definition(
-                job_id, definition, value, msg.offset(), _timestamp(msg))
+                job_id, definition, value, msg.offset(), record_time_ms(msg))
             records.append(self._state_record(change))
             log(logger, "definition_applied" if value is not None else "definition_deleted",
                 logging.DEBUG if len(msgs) > 10 else logging.INFO,
@@ -378,7 +378,3 @@ class Leader:
     def _group_metadata(self) -> Any:
         return self.election.consumer.consumer_group_metadata()
 
-
-def _timestamp(msg: Message) -> int:
-    kind, ts = msg.timestamp()
-    return ts if kind and ts > 0 else int(datetime.now(UTC).timestamp() * 1000)

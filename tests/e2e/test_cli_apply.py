@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cronstream.shared.settings import Settings
-from tests.support import env_for, read_all
+from tests.support import cli, read_all
 
 VALID = """\
 job_id: good-one
@@ -29,10 +27,6 @@ BAD = {
                          f"params: {{blob: '{'x' * 70_000}'}}\n", ["params", "65536"]),
 }
 
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.mark.parametrize("case", list(BAD))

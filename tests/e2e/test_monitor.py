@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -18,19 +16,17 @@ from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import (
-    env_for,
+    ServiceProcess,
+    cli,
     eventually,
     header,
     produce,
     produce_json,
+    projection_equals_log,
     read_all,
+    run_now,
     sql,
 )
-
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def rows(settings: Settings, job_id: str) -> list[Any]:
@@ -59,13 +55,8 @@ def test_a_killed_monitor_resumes_exactly_once(processes: Processes, topics: Set
     eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
                            "WHERE status NOT IN ('COMPLETED')")[0]["n"] == 0, 30, message="all done")
 
-    def projected_equals_log() -> bool:
-        on_topic = read_all(topics, topics.topics.execution_events)
-        in_db = sql(topics.database_url, "SELECT event_id FROM execution_events")
-        return len(in_db) == len(on_topic) and \
-            {str(r["event_id"]) for r in in_db} == {json.loads(m.value())["event_id"] for m in on_topic}
 
-    eventually(projected_equals_log, 30, message="execution_events equals the topic")
+    eventually(lambda: projection_equals_log(topics), 30, message="execution_events equals the topic")
     on_topic = [ExecutionEvent.model_validate_json(m.value())
                 for m in read_all(topics, topics.topics.execution_events)]
     assert len({e.event_id for e in on_topic}) == len(on_topic)
@@ -91,13 +82,8 @@ def test_monitors_joining_and_leaving_mid_stream_project_every_event_once(
     assert services["monitor"].stop() == 0  # another rebalance
     assert services["scheduler"].stop() == 0
 
-    def projected_equals_log() -> bool:
-        on_topic = read_all(topics, topics.topics.execution_events)
-        in_db = sql(topics.database_url, "SELECT event_id FROM execution_events")
-        return len(in_db) == len(on_topic) and \
-            {str(r["event_id"]) for r in in_db} == {json.loads(m.value())["event_id"] for m in on_topic}
 
-    eventually(projected_equals_log, 40, message="execution_events equals the topic")
+    eventually(lambda: projection_equals_log(topics), 40, message="execution_events equals the topic")
     on_topic = [ExecutionEvent.model_validate_json(m.value())
                 for m in read_all(topics, topics.topics.execution_events)]
     expected = {k: p.status for k, p in fold(on_topic).items()}
@@ -110,16 +96,21 @@ def running_row(settings: Settings, job_id: str) -> Any:
     return found[0] if found else None
 
 
+def slow_job_on_one_of_two_workers(
+    processes: Processes, settings: Settings, job_id: str, seconds: float, path: Path,
+) -> tuple[Any, ServiceProcess]:
+    """Start a slow job with two workers up; its RUNNING row and the worker that runs it."""
+    services = processes.system(workers=2)
+    run_now(settings, job_id, "test.slow-write", params={"seconds": seconds, "path": str(path)})
+    first = eventually(lambda: running_row(settings, job_id), 30, message="it runs")
+    return first, services[f"worker-{first['worker_id'][1:]}"]
+
+
 def test_a_killed_worker_is_declared_offline_and_its_run_finishes_elsewhere_once(
     processes: Processes, topics: Settings, tmp_path: Path,
 ) -> None:
-    services = processes.system(workers=2)
     path = tmp_path / "runs.txt"
-    produce_json(topics, topics.topics.job_definitions, "long", {
-        "job_id": "long", "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
-        "handler": "test.slow-write", "params": {"seconds": 4, "path": str(path)}})
-    first = eventually(lambda: running_row(topics, "long"), 30, message="it runs")
-    victim = services[f"worker-{first['worker_id'][1:]}"]
+    first, victim = slow_job_on_one_of_two_workers(processes, topics, "long", 4, path)
     killed_at = time.monotonic()
     victim.kill()
     eventually(lambda: sql(topics.database_url, "SELECT status FROM workers WHERE worker_id = $1",
@@ -139,13 +130,8 @@ def test_a_killed_worker_is_declared_offline_and_its_run_finishes_elsewhere_once
 def test_a_zombies_late_report_never_overwrites_the_requeued_run(
     processes: Processes, topics: Settings, tmp_path: Path,
 ) -> None:
-    services = processes.system(workers=2)
-    path = tmp_path / "runs.txt"
-    produce_json(topics, topics.topics.job_definitions, "paused-worker", {
-        "job_id": "paused-worker", "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
-        "handler": "test.slow-write", "params": {"seconds": 10, "path": str(path)}})
-    first = eventually(lambda: running_row(topics, "paused-worker"), 30, message="it runs")
-    zombie = services[f"worker-{first['worker_id'][1:]}"]
+    first, zombie = slow_job_on_one_of_two_workers(
+        processes, topics, "paused-worker", 10, tmp_path / "runs.txt")
     zombie.signal(signal.SIGSTOP)
     done = eventually(lambda: (r := rows(topics, "paused-worker")) and r[0]["status"] == "COMPLETED" and r[0],
                       40, message="the requeued run completes")

@@ -4,21 +4,12 @@ retried like failures, errors that are never retried, cancelling a pending retry
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import env_for, eventually, produce_json, read_all, sql
-
-
-def run_now(settings: Settings, job_id: str, handler: str, **fields: Any) -> None:
-    produce_json(settings, settings.topics.job_definitions, job_id, {
-        "job_id": job_id, "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
-        "handler": handler, **fields})
+from tests.support import cli, eventually, read_all, run_now, sql
 
 
 def attempts(settings: Settings, job_id: str) -> list[Any]:
@@ -103,8 +94,7 @@ def test_cancelling_a_failed_execution_cancels_its_pending_retry(
     run_now(topics, "later", "fail", max_retries=2, retry_delay_seconds=3)
     first = eventually(lambda: (r := attempts(topics, "later")) and r[0]["status"] == "FAILED" and r[0],
                        30, message="the first attempt fails")
-    done = subprocess.run([sys.executable, "-m", "cronstream", "cancel", str(first["execution_id"])],
-                          env=env_for(topics), capture_output=True, text=True, timeout=60, check=False)
+    done = cli(topics, "cancel", str(first["execution_id"]))
     assert done.returncode == 0, done.stderr
     assert "cancelled the pending retry (attempt 2" in done.stdout
     retry_due = first["completed_at"].timestamp() + 3.6  # the latest the retry could fire

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -18,7 +16,7 @@ from typing import Any
 from cronstream.shared.records import JobDue, JobSnapshot, RetryRequest
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, env_for, eventually, produce, produce_json, read_all
+from tests.support import ServiceProcess, cli, eventually, produce, produce_json, read_all
 
 
 def dues(settings: Settings, job_id: str | None = None) -> list[tuple[JobDue, int]]:
@@ -196,10 +194,6 @@ def test_retry_timers_fire_once_at_their_time_and_survive_a_leader_kill(
     tombstoned = {m.key() for m in read_all(topics, topics.topics.retries) if m.value() is None}
     assert {str(soon.execution_id).encode(), str(later.execution_id).encode()} <= tombstoned
 
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_preview_shows_the_dst_rule(tmp_path: Path, topics: Settings) -> None:

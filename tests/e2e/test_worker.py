@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import env_for, eventually, produce_json, sql
-
-
-def run_now(settings: Settings, job_id: str, handler: str, **fields: Any) -> None:
-    """A ONE_TIME job due now, published as any client would."""
-    produce_json(settings, settings.topics.job_definitions, job_id, {
-        "job_id": job_id, "type": "ONE_TIME", "run_at": datetime.now(UTC).isoformat(),
-        "handler": handler, **fields})
+from tests.support import cli, eventually, run_now, sql
 
 
 def execution(settings: Settings, job_id: str, status: str | None = None) -> Any:
@@ -90,10 +80,6 @@ def test_progress_is_reported_and_ends_at_100(processes: Processes, topics: Sett
                 "'PROGRESS' ORDER BY kafka_offset")]
     assert percents == sorted(percents) and percents[-1] == 100
 
-
-def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cronstream", *args], env=env_for(settings),
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cancel_a_running_and_a_queued_execution(
