@@ -238,11 +238,14 @@ class Client:
         return self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
 
     def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
-                job_id: str | None = None) -> Command:
-        """Publish an operator command (CANCEL, APPROVE, REJECT) about one execution."""
+                job_id: str | None = None, issued_by: str | None = None) -> Command:
+        """Publish an operator command (CANCEL, APPROVE, REJECT) about one execution.
+
+        `issued_by` names who acts (recorded as approved_by / rejected_by / cancelled_by on
+        the event the command causes); by default the local user and host."""
         command = Command(command=kind, execution_id=execution_id, job_id=job_id, reason=reason,
                           issued_at=datetime.now(UTC),
-                          issued_by=f"{getpass.getuser()}@{socket.gethostname()}")
+                          issued_by=issued_by or f"{getpass.getuser()}@{socket.gethostname()}")
         self._producer.produce(OutRecord(self.topics.commands, str(execution_id).encode(),
                                          command.to_json(), trace_headers(new_traceparent())))
         self._producer.flush()
@@ -258,9 +261,11 @@ class Client:
         self._producer.produce(OutRecord(self.topics.retries, str(retry_execution_id).encode(), None))
         self._producer.flush()
 
-    def cancel(self, execution_id: UUID, reason: str | None = None) -> Command:
+    def cancel(self, execution_id: UUID, reason: str | None = None,
+               issued_by: str | None = None) -> Command:
         """Cancel an execution: skipped if not started yet, stopped if running."""
-        return self.command("CANCEL", execution_id, reason or "cancelled by an operator")
+        return self.command("CANCEL", execution_id, reason or "cancelled by an operator",
+                            issued_by=issued_by)
 
     def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
         due = JobDue(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +32,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from cronstream.shared import metrics
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Headers
@@ -77,6 +79,43 @@ def client_config(settings: Settings, client_id: str) -> dict[str, Any]:
     return conf
 
 
+STATS_INTERVAL_MS = 5_000
+
+
+def lag_reporter(topics: Topics, group: str, total_of: str | None = None,
+                 total: Any = None) -> Callable[[str], None]:
+    """A librdkafka `stats_cb` that publishes this consumer's lag per partition.
+
+    librdkafka computes `consumer_lag` against the last stable offset for read_committed
+    consumers (STATISTICS.md), which is the lag that matters here. The callback runs on
+    the consumer's thread inside poll(), every STATS_INTERVAL_MS. With `total_of`, the
+    summed lag of that topic is also set on the gauge `total`.
+    """
+    service = metrics.service()
+
+    def report(stats_json: str) -> None:
+        try:
+            stats = json.loads(stats_json)
+        except ValueError:
+            return
+        summed = 0
+        for topic, data in stats.get("topics", {}).items():
+            name = topics.logical(topic)
+            for partition, p in data.get("partitions", {}).items():
+                if partition == "-1" or p.get("fetch_state") != "active":
+                    continue
+                lag = p.get("consumer_lag", -1)
+                if lag >= 0:
+                    metrics.CONSUMER_LAG.labels(service=service, group=group, topic=name,
+                                                partition=partition).set(lag)
+                    if topic == total_of:
+                        summed += lag
+        if total is not None:
+            total.set(summed)
+
+    return report
+
+
 def consumer_config(
     settings: Settings, client_id: str, group_id: str, **extra: Any
 ) -> dict[str, Any]:
@@ -91,6 +130,8 @@ def consumer_config(
             "fetch.wait.max.ms": 50,
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
+            "statistics.interval.ms": STATS_INTERVAL_MS,
+            "stats_cb": lag_reporter(settings.topics, group_id),
         }
     )
     conf.update(extra)
@@ -99,12 +140,16 @@ def consumer_config(
 
 def reader_config(settings: Settings, client_id: str) -> dict[str, Any]:
     """A group-less consumer that reads assigned partitions (compacted state, commands)."""
-    return consumer_config(
+    conf = consumer_config(
         settings,
         client_id,
         group_id=f"{settings.topic_prefix}reader-unused",
         **{"enable.partition.eof": True},
     )
+    # No group, no lag to report.
+    del conf["stats_cb"]
+    conf["statistics.interval.ms"] = 0
+    return conf
 
 
 def producer_config(
@@ -326,6 +371,7 @@ class TransactionalProducer:
                 if err is not None and err.fatal():
                     raise ProducerFenced(str(err)) from exc
                 if err is not None and err.txn_requires_abort():
+                    metrics.TRANSACTION_ABORTS.labels(service=metrics.service()).inc()
                     log(logger, "transaction_aborted", logging.WARNING,
                         transactional_id=self.transactional_id, attempt=attempt, error=err.str())
                     self._abort(timeout)
@@ -406,6 +452,7 @@ def dead_letter(topics: Topics, msg: Message, error: str, service: str) -> OutRe
         (DLQ_ERROR, error[:2000].encode()),
         (DLQ_SERVICE, service.encode()),
     ]
+    metrics.DEAD_LETTERS.labels(service=service, topic=topics.logical(msg.topic() or "")).inc()
     log(logger, "record_dead_lettered", logging.WARNING, service=service, topic=msg.topic(),
         partition=msg.partition(), offset=msg.offset(), reason=error[:300])
     return OutRecord(topics.dead_letters, msg.key(), msg.value(), headers)
@@ -421,8 +468,11 @@ def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float
     missing = [s for s in specs if s.name not in existing]
     if not missing:
         return []
+    extra = {} if settings.topic_min_insync_replicas is None else {
+        "min.insync.replicas": str(settings.topic_min_insync_replicas)}
     futures = admin.create_topics(
-        [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=s.config)
+        [NewTopic(s.name, num_partitions=s.partitions,
+                  replication_factor=settings.topic_replication_factor, config={**s.config, **extra})
          for s in missing],
         operation_timeout=timeout,
         request_timeout=timeout,

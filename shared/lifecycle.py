@@ -1,10 +1,11 @@
 """One lifecycle for every service.
 
-A service is an object with a `name` and `async run(stopping)`. `run_service` configures
-logging, installs SIGTERM/SIGINT handlers that set `stopping` (a second Ctrl-C exits at
-once; a repeated SIGTERM changes nothing), runs the service to completion and returns its
-exit code. Services finish their in-flight work and close their Kafka clients when
-`stopping` is set; the whole shutdown stays well inside Kubernetes' default 30 s grace.
+A service is an object with a `name`, a `health` and `async run(stopping)`. `run_service`
+configures logging, serves `/metrics`, `/healthz` and `/readyz` (health.py), installs
+SIGTERM/SIGINT handlers that set `stopping` (a second Ctrl-C exits at once; a repeated
+SIGTERM changes nothing), runs the service to completion and returns its exit code.
+Services finish their in-flight work and close their Kafka clients when `stopping` is
+set; the whole shutdown stays well inside Kubernetes' default 30 s grace.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 import signal
 from typing import Protocol
 
-from cronstream.shared import logs
+from cronstream.shared import logs, metrics
+from cronstream.shared.health import Health, HealthServer
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 
@@ -27,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 class Service(Protocol):
     name: str
+    health: Health
 
     async def run(self, stopping: asyncio.Event) -> None: ...
 
@@ -47,13 +50,30 @@ def _die_with_parent() -> None:
 def run_service(service: Service, settings: Settings) -> int:
     logs.configure(service.name, settings.log_level)
     log(logger, "service_starting", service=service.name, settings=settings.redacted())
+    metrics.announce(service.name)
+    try:
+        server = HealthServer(service.health, settings.http_bind, settings.port_for(service.name))
+    except OSError as exc:
+        log(logger, "service_failed", logging.ERROR, service=service.name,
+            error=f"cannot serve HTTP on {settings.http_bind}:{settings.port_for(service.name)}: {exc}")
+        return 1
+    server.start()
     try:
         asyncio.run(_main(service))
     except Exception:
         logger.exception("service failed", extra={"action": "service_failed"})
         return 1
+    finally:
+        server.stop()
     log(logger, "service_stopped", service=service.name)
     return 0
+
+
+async def _tick(health: Health) -> None:
+    """Prove the loop turns: liveness fails when this stops stamping (health.py)."""
+    while True:
+        health.tick()
+        await asyncio.sleep(1.0)
 
 
 async def _main(service: Service) -> None:
@@ -74,9 +94,11 @@ async def _main(service: Service) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     _die_with_parent()
+    ticker = asyncio.create_task(_tick(service.health))
     try:
         await service.run(stopping)
     finally:
+        ticker.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)

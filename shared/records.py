@@ -124,6 +124,7 @@ QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 Params = Annotated[dict[str, Any], AfterValidator(_params_limit)]
 Message = Annotated[str, StringConstraints(max_length=MAX_MESSAGE_CHARS)]
+Actor = Annotated[str, StringConstraints(max_length=256)]
 
 
 class Record(BaseModel):
@@ -277,6 +278,8 @@ class JobDue(Record):
     delivery: Annotated[int, Field(ge=1)] = 1
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     job: JobSnapshot
+    # Who released it, for a DAG step approved by a person (Command.issued_by).
+    approved_by: Actor | None = None
 
 
 class RetryRequest(JobDue):
@@ -314,6 +317,11 @@ class ExecutionEvent(Record):
     reason: DueReason | None = None
     idempotency_key: Annotated[str, StringConstraints(max_length=256)] | None = None
     job: JobSnapshot | None = None
+    # Who acted, when a person (or a policy) caused this event: the `issued_by` of the
+    # APPROVE (on QUEUED), REJECT (on SKIPPED) or CANCEL (on CANCELLED) command.
+    approved_by: Actor | None = None
+    rejected_by: Actor | None = None
+    cancelled_by: Actor | None = None
 
     @property
     def terminal(self) -> bool:
@@ -332,23 +340,44 @@ class Heartbeat(Record):
     queues: list[QueueName] = Field(default_factory=list)
 
 
-class Alert(Record):
-    """Something a person must look at, on `alerts` (key: job_id).
+AlertKind = Literal[
+    "EXECUTION_PERMANENTLY_FAILED",  # the monitor: an execution used up its attempts
+    "SUCCESS_RATE_LOW",              # analytics: a job's rolling success rate fell below its threshold
+    "DURATION_REGRESSION",           # analytics: recent p95 duration above k x the job's baseline
+    "QUEUE_GROWING",                 # analytics: a queue's depth rose across consecutive windows
+    "FIRE_LATE",                     # analytics: an expected fire did not start or finish in time
+]
+AlertState = Literal["FIRING", "RESOLVED"]
 
-    `alert_id` is deterministic (UUIDv5 of kind and execution_id): a consumer that sees an
-    alert twice (the monitor raises them at least once) can drop the repeat.
+
+class Alert(Record):
+    """Something a person must look at, on `alerts` (key: job_id, or `queue:<name>`).
+
+    `alert_id` names one episode and is deterministic, so a consumer that sees an alert
+    twice (they are raised at least once) can drop the repeat: a FIRING record opens the
+    episode, a RESOLVED record with the same `alert_id` closes it. One-shot alerts
+    (EXECUTION_PERMANENTLY_FAILED) are only ever FIRING. `evidence` carries what made it
+    fire (window, counts, values), for people and dashboards.
     """
 
     alert_id: UUID
-    kind: Literal["EXECUTION_PERMANENTLY_FAILED"]
-    severity: Literal["error", "warning"]
-    job_id: JobId
-    execution_id: UUID
-    run_id: UUID
-    attempt_number: Annotated[int, Field(ge=1)]
+    kind: AlertKind
+    state: AlertState = "FIRING"
+    severity: Literal["critical", "error", "warning"]
+    job_id: JobId | None = None
+    queue: QueueName | None = None
+    execution_id: UUID | None = None
+    run_id: UUID | None = None
+    attempt_number: Annotated[int, Field(ge=1)] | None = None
     error_message: Message | None = None
+    summary: Message | None = None
+    evidence: Annotated[dict[str, Any], AfterValidator(_params_limit)] = Field(default_factory=dict)
     occurred_at: UtcDatetime
     raised_at: UtcDatetime
+
+    @property
+    def key(self) -> bytes:
+        return (self.job_id or f"queue:{self.queue or ''}").encode()
 
 
 CommandKind = Literal["CANCEL", "APPROVE", "REJECT"]

@@ -26,6 +26,17 @@ KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
+# Default HTTP ports, distinct so that `cronstream dev` runs every service side by side.
+SERVICE_PORTS: dict[str, int] = {
+    "scheduler": 9181,
+    "dispatcher": 9182,
+    "worker": 9183,
+    "monitor": 9184,
+    "analytics": 9185,
+    "ui": 8180,
+}
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -41,6 +52,10 @@ class Settings(BaseModel):
     database_url: str = "postgresql://postgres@localhost:5432/cronstream"
     topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{0,100}$")] = "cronstream."
     topic_partitions: Annotated[int, Field(ge=1, le=1000)] = 6
+    # Production clusters: `cronstream init` creates topics with this replication factor and
+    # min.insync.replicas (-1 / None: the broker's defaults).
+    topic_replication_factor: Annotated[int, Field(ge=-1, le=32)] = -1
+    topic_min_insync_replicas: Annotated[int, Field(ge=1, le=32)] | None = None
     heartbeat_interval_seconds: Annotated[float, Field(gt=0)] = 30
     worker_dead_after_seconds: Annotated[float, Field(gt=0)] = 90
     worker_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 8
@@ -50,6 +65,14 @@ class Settings(BaseModel):
     worker_queues: list[QueueName] = Field(default_factory=lambda: ["default"])
     worker_drain_grace_seconds: Annotated[float, Field(ge=0)] = 30
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
+    # A stable name for this instance (scheduler, dispatcher, monitor, analytics): its
+    # transactional.id and client ids derive from it, so a restarted instance fences and
+    # aborts its predecessor. On Kubernetes: the pod name of a StatefulSet.
+    instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")] | None = None
+    # HTTP for /metrics, /healthz, /readyz; None = the service's default port (SERVICE_PORTS),
+    # 0 = any free port (logged as action=http_serving).
+    http_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    http_bind: str = "0.0.0.0"
     kafka_config: dict[str, str] = Field(default_factory=dict)
     log_level: str = "INFO"
 
@@ -60,6 +83,13 @@ class Settings(BaseModel):
         if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
         return value
+
+    def port_for(self, service: str) -> int:
+        return self.http_port if self.http_port is not None else SERVICE_PORTS.get(service, 0)
+
+    def instance(self, given: str | None = None) -> str:
+        """This instance's stable name: the flag, CRONSTREAM_INSTANCE_ID, or hostname-pid."""
+        return given or self.instance_id or default_worker_id()
 
     @property
     def topics(self) -> Topics:

@@ -92,6 +92,10 @@ class Topics:
     def alerts(self) -> str:
         return f"{self.prefix}alerts"
 
+    def logical(self, topic: str) -> str:
+        """A topic's name without the prefix (a bounded metric label)."""
+        return topic[len(self.prefix):] if topic.startswith(self.prefix) else "other"
+
     def work(self, priority: str, queue: str) -> str:
         return f"{self.prefix}work.{priority}.{queue}"
 

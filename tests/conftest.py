@@ -27,7 +27,9 @@ from tests.support import ServiceProcess
 CI = bool(os.environ.get("CI"))
 DEFAULT_KAFKA = "localhost:9092"
 DEFAULT_DB = "postgresql://postgres@localhost:5432/cronstream"
-TEMPLATE_DB = "cronstream_test_template"
+# One template per test session: sessions of different checkouts may run side by side
+# against the same server, each with its own migrations.
+TEMPLATE_DB = f"cronstream_test_template_{os.getpid()}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -107,11 +109,20 @@ async def _create_template(url: str) -> None:
         await conn.close()
 
 
+async def _drop_template(url: str) -> None:
+    admin = await connect(_with_db(url, "postgres"))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 @pytest.fixture(scope="session")
-def template_db(servers: tuple[str, str]) -> str:
+def template_db(servers: tuple[str, str]) -> Iterator[str]:
     _, url = servers
     asyncio.run(_create_template(url))
-    return url
+    yield url
+    asyncio.run(_drop_template(url))
 
 
 @pytest.fixture

@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +62,9 @@ def env_for(settings: Settings) -> dict[str, str]:
         "CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS": str(settings.scheduler_session_timeout_ms),
         "CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS": str(settings.worker_drain_grace_seconds),
         "CRONSTREAM_LOG_LEVEL": "INFO",
+        # Any free port: tests run many services side by side (ServiceProcess.http_port).
+        "CRONSTREAM_HTTP_PORT": "0",
+        "CRONSTREAM_HTTP_BIND": "127.0.0.1",
         "PYTHONUNBUFFERED": "1",
         # Services stop by themselves if the test (or benchmark) process dies.
         "CRONSTREAM_PARENT_PID": str(os.getpid()),
@@ -98,6 +104,22 @@ class ServiceProcess:
                                      f"{self.log()[-3000:]}")
             return self.log().count(needle) >= count
         eventually(seen, timeout, message=f"{self.name} logging {needle!r}")
+
+    def http_port(self, timeout: float = 30.0) -> int:
+        """The port this service serves /metrics, /healthz and /readyz on (from its log)."""
+        def port() -> int | None:
+            match = re.search(r"action=http_serving .*?port=(\d+)", self.log())
+            return int(match[1]) if match else None
+        return eventually(port, timeout, message=f"{self.name} serving HTTP")
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        """GET http://127.0.0.1:<http_port><path>: (status, body)."""
+        url = f"http://127.0.0.1:{self.http_port()}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -20,6 +20,9 @@ from cronstream.cli.infra_cmds import initialise
 from cronstream.cli.view_cmds import fetch, runs_table
 from cronstream.client import Client, load_definitions
 from cronstream.infra import Infra
+from cronstream.shared.settings import SERVICE_PORTS
+
+WORKER_PORT_BASE = 9190  # worker i > 1 serves HTTP on 9190 + i
 
 
 def _examples_dir(given: str | None) -> Path:
@@ -56,6 +59,25 @@ def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout: float = 40.0) -
             proc.wait()
 
 
+def _start_services(procs: dict[str, subprocess.Popen[bytes]], folder: Path, env: dict[str, str],
+                    log_dir: Path, n_workers: int) -> dict[str, int]:
+    """Start every service into `procs`; return each one's HTTP port."""
+    procs["monitor"] = _spawn(["monitor"], env, log_dir, "monitor")
+    procs["scheduler"] = _spawn(["scheduler"], env, log_dir, "scheduler")
+    procs["dispatcher"] = _spawn(["dispatcher"], env, log_dir, "dispatcher")
+    imports = [p.stem for p in folder.glob("*.py")]
+    ports = {name: SERVICE_PORTS[name] for name in ("monitor", "scheduler", "dispatcher")}
+    for i in range(1, n_workers + 1):
+        # Workers side by side: the first on the worker default, the others above the UI's.
+        port = SERVICE_PORTS["worker"] if i == 1 else WORKER_PORT_BASE + i
+        args = ["worker", "--worker-id", f"dev-worker-{i}", "--http-port", str(port)]
+        for module in imports:
+            args += ["--import", module]
+        procs[f"worker-{i}"] = _spawn(args, env, log_dir, f"worker-{i}")
+        ports[f"worker-{i}"] = port
+    return ports
+
+
 @click.command()
 @click.option("--examples", "examples", help="Folder of example jobs (default ./examples).")
 @click.option("--workers", "n_workers", default=2, show_default=True, type=click.IntRange(1, 16))
@@ -79,19 +101,13 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
         env["CRONSTREAM_DATABASE_URL"] = settings.database_url
         env["CRONSTREAM_TOPIC_PREFIX"] = settings.topic_prefix
         env.setdefault("CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS", "5")
-        procs["monitor"] = _spawn(["monitor"], env, log_dir, "monitor")
-        procs["scheduler"] = _spawn(["scheduler"], env, log_dir, "scheduler")
-        procs["dispatcher"] = _spawn(["dispatcher"], env, log_dir, "dispatcher")
-        imports = [p.stem for p in folder.glob("*.py")]
-        for i in range(1, n_workers + 1):
-            args = ["worker", "--worker-id", f"dev-worker-{i}"]
-            for module in imports:
-                args += ["--import", module]
-            procs[f"worker-{i}"] = _spawn(args, env, log_dir, f"worker-{i}")
+        ports = _start_services(procs, folder, env, log_dir, n_workers)
         with Client(settings) as client:
             client.apply(definitions)
         click.echo(f"applied {len(definitions)} example job(s) from {folder}; "
                    f"service logs in {log_dir}/; Ctrl-C stops everything")
+        click.echo("metrics and probes: " + ", ".join(
+            f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()))
         if no_view:
             while all(p.poll() is None for p in procs.values()):
                 time.sleep(0.5)

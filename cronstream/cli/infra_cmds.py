@@ -71,10 +71,24 @@ def initialise(settings: Settings, echo: bool = True) -> None:
 
 
 @click.command()
+@click.option("--partitions", type=click.IntRange(1, 1000), envvar="CRONSTREAM_TOPIC_PARTITIONS",
+              help="Partitions of job-due, execution-events and the work topics (default 6).")
+@click.option("--replication-factor", type=click.IntRange(-1, 32),
+              envvar="CRONSTREAM_TOPIC_REPLICATION_FACTOR",
+              help="Replication factor of new topics (default: the broker's; 3 in production).")
+@click.option("--min-insync-replicas", type=click.IntRange(1, 32),
+              envvar="CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS",
+              help="min.insync.replicas of new topics (default: the broker's; 2 in production).")
 @pass_state
-def init(state: CliState) -> None:
-    """Create the topics and apply the PostgreSQL migrations (idempotent)."""
-    initialise(state.settings())
+def init(state: CliState, partitions: int | None, replication_factor: int | None,
+         min_insync_replicas: int | None) -> None:
+    """Create the topics and apply the PostgreSQL migrations (idempotent).
+
+    Existing topics are left as they are (their partition count and replication factor are
+    not changed)."""
+    initialise(state.settings(topic_partitions=partitions,
+                              topic_replication_factor=replication_factor,
+                              topic_min_insync_replicas=min_insync_replicas))
 
 
 COMMANDS = [infra, init]

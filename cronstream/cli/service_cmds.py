@@ -4,35 +4,64 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.shared.lifecycle import run_service
+from cronstream.shared.settings import SERVICE_PORTS
+
+
+def http_options(service: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--http-port and --http-bind: where /metrics, /healthz and /readyz are served."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option("--http-bind", envvar="CRONSTREAM_HTTP_BIND",
+                          help="Address for /metrics, /healthz, /readyz (default 0.0.0.0).")(fn)
+        return click.option(
+            "--http-port", type=click.IntRange(0, 65535), envvar="CRONSTREAM_HTTP_PORT",
+            help=f"Port for /metrics, /healthz, /readyz (default {SERVICE_PORTS[service]}; "
+                 "0: any free port).")(fn)
+
+    return decorate
+
+
+def instance_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--instance-id", envvar="CRONSTREAM_INSTANCE_ID",
+        help="Stable name of this instance (default hostname-pid); its Kafka transactional "
+             "id derives from it, so a restart with the same name fences its predecessor.")(fn)
 
 
 @click.command()
-@click.option("--instance-id", help="Name of this instance in logs (default hostname-pid).")
+@instance_option
+@http_options("scheduler")
 @click.option("--session-timeout-ms", type=int, envvar="CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS",
               help="Failover bound: the election group's session timeout.")
 @pass_state
-def scheduler(state: CliState, instance_id: str | None, session_timeout_ms: int | None) -> None:
+def scheduler(state: CliState, instance_id: str | None, http_port: int | None,
+              http_bind: str | None, session_timeout_ms: int | None) -> None:
     """Run a scheduler instance (leader or standby)."""
     from cronstream.services.scheduler.service import SchedulerService
 
-    settings = state.settings(scheduler_session_timeout_ms=session_timeout_ms)
-    sys.exit(run_service(SchedulerService(settings, instance_id), settings))
+    settings = state.settings(scheduler_session_timeout_ms=session_timeout_ms,
+                              instance_id=instance_id, http_port=http_port, http_bind=http_bind)
+    sys.exit(run_service(SchedulerService(settings), settings))
 
 
 @click.command()
-@click.option("--instance-id", help="Name of this instance (default hostname-pid).")
+@instance_option
+@http_options("dispatcher")
 @pass_state
-def dispatcher(state: CliState, instance_id: str | None) -> None:
+def dispatcher(state: CliState, instance_id: str | None, http_port: int | None,
+               http_bind: str | None) -> None:
     """Run a dispatcher instance."""
     from cronstream.services.dispatcher.service import DispatcherService
 
-    settings = state.settings()
-    sys.exit(run_service(DispatcherService(settings, instance_id), settings))
+    settings = state.settings(instance_id=instance_id, http_port=http_port, http_bind=http_bind)
+    sys.exit(run_service(DispatcherService(settings), settings))
 
 
 @click.command()
@@ -43,9 +72,11 @@ def dispatcher(state: CliState, instance_id: str | None) -> None:
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Module that registers handlers with @handler (repeatable).")
 @click.option("--allow-shell", is_flag=True, help="Enable the built-in `shell` handler.")
+@http_options("worker")
 @pass_state
 def worker(state: CliState, worker_id: str | None, concurrency: int | None, queues: str | None,
-           imports: tuple[str, ...], allow_shell: bool) -> None:
+           imports: tuple[str, ...], allow_shell: bool, http_port: int | None,
+           http_bind: str | None) -> None:
     """Run a worker for the given queues."""
     from cronstream.handlers import REGISTRY
     from cronstream.services.worker import builtins
@@ -63,20 +94,23 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
     settings = state.settings(
         worker_id=worker_id, worker_concurrency=concurrency,
         worker_queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        http_port=http_port, http_bind=http_bind,
     )
     runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports), allow_shell)
     sys.exit(run_service(WorkerService(settings, runner), settings))
 
 
 @click.command()
-@click.option("--instance-id", help="Name of this instance (default hostname-pid).")
+@instance_option
+@http_options("monitor")
 @pass_state
-def monitor(state: CliState, instance_id: str | None) -> None:
+def monitor(state: CliState, instance_id: str | None, http_port: int | None,
+            http_bind: str | None) -> None:
     """Run the monitor: the PostgreSQL projection."""
     from cronstream.services.monitor.service import MonitorService
 
-    settings = state.settings()
-    sys.exit(run_service(MonitorService(settings, instance_id), settings))
+    settings = state.settings(instance_id=instance_id, http_port=http_port, http_bind=http_bind)
+    sys.exit(run_service(MonitorService(settings), settings))
 
 
 COMMANDS = [scheduler, dispatcher, worker, monitor]

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict
 from functools import partial
 from uuid import UUID, uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
+from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.health import Health
 from cronstream.shared.kafka import (
     ConsumerThread,
     OutRecord,
@@ -36,7 +39,7 @@ from cronstream.shared.kafka import (
 )
 from cronstream.shared.logs import log
 from cronstream.shared.records import Command, ExecutionEvent, ExecutionStatus, JobDue, now_utc
-from cronstream.shared.settings import Settings, default_worker_id
+from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
 
 logger = logging.getLogger(__name__)
@@ -51,12 +54,15 @@ class DispatcherService:
     def __init__(self, settings: Settings, instance: str | None = None) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.instance = instance or default_worker_id()
+        self.instance = settings.instance(instance)
+        self.health = Health(self.name)
+        self.health.require("assignment")
         # (execution_id, delivery) already queued by this instance; bounded LRU.
         self._seen: OrderedDict[tuple[UUID, int], None] = OrderedDict()
         self._queues: set[str] = set()
         self.policy = PolicyState()
         self._owned: set[int] = set()
+        self._decided: Counter[str] = Counter()  # decisions of the batch, counted on commit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -101,6 +107,7 @@ class DispatcherService:
 
     async def _process(self, messages: list[Message]) -> None:
         assert self._consumer is not None and self._producer is not None
+        started = time.monotonic()
         records: list[OutRecord] = []
         offsets: dict[tuple[str, int], int] = {}
         new_queues: set[str] = set()
@@ -122,6 +129,7 @@ class DispatcherService:
                 continue
             seen_key = (due.execution_id, due.delivery)
             if seen_key in self._seen:
+                metrics.DISPATCH_DECISIONS.labels(decision="DUPLICATE").inc()
                 log(logger, "duplicate_due_dropped", job_id=due.job_id,
                     execution_id=str(due.execution_id), delivery=due.delivery)
                 continue
@@ -149,22 +157,29 @@ class DispatcherService:
         except (TransactionAborted, KafkaException) as exc:
             # Nothing of the batch is visible: forget it and read it again.
             log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc))
+            self._decided.clear()
             for key in added:
                 self._seen.pop(key, None)
             await self._consumer.call(self._rewind, list(offsets))
             await self._load_state(self._assigned_partitions())  # undo this batch's changes
             return
+        metrics.DISPATCH_BATCH.observe(time.monotonic() - started)
+        for decision, count in self._decided.items():
+            metrics.DISPATCH_DECISIONS.labels(decision=decision).inc(count)
+        self._decided.clear()
         if added:
             log(logger, "executions_queued", logging.DEBUG, count=len(added))
 
     def _dispatch(self, due: JobDue, msg: Message) -> list[OutRecord]:
         """The records one JobDue turns into, under its job's concurrency policy."""
         decision = self.policy.decide(due)
+        self._decided[{"SKIP": "SKIPPED", "REPLACE": "REPLACED"}.get(decision, "QUEUED")] += 1
         if decision == "SKIP":
             running = self.policy.others(due)[0]
             log(logger, "execution_skipped", job_id=due.job_id,
                 execution_id=str(due.execution_id), policy="FORBID")
-            return [self._event(due, msg, "SKIPPED", error_message=(
+            return [self._event(due, msg, "SKIPPED", priority=due.job.priority, queue=due.job.queue,
+                                error_message=(
                 f"skipped: execution {running.execution_id} of this job is still "
                 f"{running.status} (concurrency_policy FORBID)"))]
         records = self._replace(due, msg) if decision == "REPLACE" else []
@@ -189,7 +204,8 @@ class DispatcherService:
         key = due.job_id.encode()
         return [
             self._event(due, msg, "QUEUED", priority=due.job.priority, queue=due.job.queue,
-                        reason=due.reason, idempotency_key=due.idempotency_key, job=due.job),
+                        reason=due.reason, idempotency_key=due.idempotency_key, job=due.job,
+                        approved_by=due.approved_by),
             # The work record is the JobDue itself, byte for byte.
             OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(),
                       trace_headers(child_traceparent(traceparent_of(msg.headers())))),
@@ -207,7 +223,7 @@ class DispatcherService:
                                      command.to_json()))
             if other.status == "QUEUED":
                 records.append(self._event(other, msg, "CANCELLED", job_id=due.job_id,
-                                           error_message=reason))
+                                           error_message=reason, cancelled_by=command.issued_by))
                 self.policy.remove(due.job_id, other.execution_id, msg.partition())
             log(logger, "execution_replaced", job_id=due.job_id,
                 execution_id=str(other.execution_id), by=str(due.execution_id))
@@ -253,6 +269,7 @@ class DispatcherService:
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(self._load_state(self._owned), self._loop).result(120)
         consumer.assign(partitions)
+        self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions),
             tracked_jobs=len(self.policy.jobs))
 
@@ -280,5 +297,6 @@ class DispatcherService:
         # Each batch is committed before the next consume(), so nothing is in flight here.
         self._owned = set()
         self.policy = PolicyState()
+        self.health.set("assignment", False, "rebalancing")
         consumer.unassign()
         log(logger, "partitions_revoked", count=len(partitions))

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent, Heartbeat
+from cronstream.shared.records import TERMINAL_STATUSES, Alert, ExecutionEvent, Heartbeat
 
 
 @dataclass(slots=True)
@@ -46,6 +46,9 @@ class ExecutionPatch:
     reason: str | None = None
     idempotency_key: str | None = None
     job: str | None = None  # JobSnapshot JSON
+    approved_by: str | None = None
+    rejected_by: str | None = None
+    cancelled_by: str | None = None
 
     @classmethod
     def start(cls, event: ExecutionEvent) -> ExecutionPatch:
@@ -105,6 +108,9 @@ class ExecutionPatch:
             self.result = json.dumps(event.result, separators=(",", ":"))
         if status not in ("PROGRESS", "REQUEUED") and event.progress is not None:
             self.progress = event.progress
+        self.approved_by = event.approved_by or self.approved_by
+        self.rejected_by = event.rejected_by or self.rejected_by
+        self.cancelled_by = event.cancelled_by or self.cancelled_by
 
 
 def fold(events: list[ExecutionEvent]) -> dict[UUID, ExecutionPatch]:
@@ -122,7 +128,7 @@ _PATCH_COLUMNS = (
     "execution_id", "job_id", "run_id", "status", "scheduled_at", "queued_at", "started_at",
     "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
     "progress", "progress_message", "priority", "queue", "last_event", "updated_at", "reason",
-    "idempotency_key", "job",
+    "idempotency_key", "job", "approved_by", "rejected_by", "cancelled_by",
 )
 
 
@@ -162,4 +168,31 @@ def heartbeat_arrays(beats: list[Heartbeat]) -> list[list[Any]]:
         [",".join(str(r) for r in b.running) for b in rows],
         [b.capacity for b in rows],
         [",".join(b.queues) for b in rows],
+    ]
+
+
+def alert_arrays(alerts: list[tuple[Alert, int, int]]) -> list[list[Any]]:
+    """Column arrays for `upsert_alerts` (one row per episode: the last record of a batch
+    wins, so a FIRING and its RESOLVED in one batch end RESOLVED)."""
+    last: dict[UUID, tuple[Alert, int, int]] = {}
+    for item in alerts:
+        previous = last.get(item[0].alert_id)
+        if previous is None or previous[0].state == "FIRING":
+            last[item[0].alert_id] = item
+    rows = list(last.values())
+    return [
+        [a.alert_id for a, _, _ in rows],
+        [a.kind for a, _, _ in rows],
+        [a.severity for a, _, _ in rows],
+        [a.state for a, _, _ in rows],
+        [a.job_id for a, _, _ in rows],
+        [a.queue for a, _, _ in rows],
+        [a.execution_id for a, _, _ in rows],
+        [a.run_id for a, _, _ in rows],
+        [a.summary for a, _, _ in rows],
+        [a.error_message for a, _, _ in rows],
+        [json.dumps(a.evidence) for a, _, _ in rows],
+        [a.raised_at for a, _, _ in rows],
+        [p for _, p, _ in rows],
+        [o for _, _, o in rows],
     ]

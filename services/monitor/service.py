@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,13 +43,16 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from cronstream.services.monitor.dag import DAG_FINAL, Verdict, decide, upstream_view
 from cronstream.services.monitor.projection import (
     ExecutionPatch,
+    alert_arrays,
     event_arrays,
     fold,
     heartbeat_arrays,
     patch_arrays,
 )
+from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode, decode_key, decode_many
 from cronstream.shared.db import query
+from cronstream.shared.health import Health
 from cronstream.shared.ids import NAMESPACE, idempotency_key
 from cronstream.shared.kafka import (
     ConsumerThread,
@@ -56,6 +60,7 @@ from cronstream.shared.kafka import (
     OutRecord,
     consumer_config,
     dead_letter,
+    lag_reporter,
     log_consumer_error,
     position,
     producer_config,
@@ -76,7 +81,7 @@ from cronstream.shared.records import (
 )
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import from_epoch_ms, next_fire, to_millis
-from cronstream.shared.settings import Settings, default_worker_id
+from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import new_traceparent, trace_headers
 
 logger = logging.getLogger(__name__)
@@ -96,6 +101,7 @@ class _Batch:
     beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
     definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
+    alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     starts: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -111,7 +117,9 @@ class MonitorService:
     def __init__(self, settings: Settings, instance: str | None = None) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.instance = instance or default_worker_id()
+        self.instance = settings.instance(instance)
+        self.health = Health(self.name)
+        self.health.require("database", "assignment")
         self.group = f"{self.topics.prefix}monitor"
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,13 +134,16 @@ class MonitorService:
     async def run(self, stopping: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
+        self.health.set("database", True)
         self._producer = IdempotentProducer(producer_config(self.settings, f"monitor-{self.instance}"))
         await self._refresh_dag_upstreams()
         conf = consumer_config(self.settings, f"monitor-{self.instance}", self.group,
                                **{"fetch.min.bytes": 1, "queued.min.messages": 20000})
+        conf["stats_cb"] = lag_reporter(self.topics, self.group, self.topics.execution_events,
+                                        metrics.PROJECTION_LAG)
         consumer = self._consumer = ConsumerThread(conf, "monitor")
         topics = [self.topics.execution_events, self.topics.heartbeats,
-                  self.topics.job_definitions, self.topics.commands]
+                  self.topics.job_definitions, self.topics.commands, self.topics.alerts]
         await consumer.call(lambda: consumer.consumer.subscribe(topics, on_assign=self._on_assign))
         housekeeping = asyncio.create_task(self._housekeeping(stopping))
         writer = self._writer = asyncio.create_task(self._write_batches())
@@ -197,6 +208,7 @@ class MonitorService:
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), -2)  # -2: from the beginning
         consumer.assign(partitions)
+        self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions))
 
     async def _stored_offsets(self) -> dict[tuple[str, int], int]:
@@ -215,6 +227,7 @@ class MonitorService:
     async def _project(self, batch: _Batch) -> list[TopicPartition]:
         assert self._pool is not None and self._producer is not None
         t = self.topics
+        started = time.monotonic()
         async with self._pool.acquire() as conn, conn.transaction():
             stored = await self._fence(conn, batch)
 
@@ -225,6 +238,7 @@ class MonitorService:
             beats = [b for b, p, o in batch.beats if fresh(t.heartbeats, p, o)]
             definitions = [d[:3] for d in batch.definitions if fresh(t.job_definitions, d[3], d[4])]
             commands = [c for c, p, o in batch.commands if fresh(t.commands, p, o)]
+            alerts = [a for a in batch.alerts if fresh(t.alerts, a[1], a[2])]
             outgoing = [r for r, topic, p, o in batch.dead if fresh(topic, p, o)]
             outgoing += [self._alert(e) for e, _, _ in events if e.status == "PERMANENTLY_FAILED"]
             patches: list[ExecutionPatch] = []
@@ -234,6 +248,8 @@ class MonitorService:
                 await conn.execute(query("upsert_executions"), *patch_arrays(patches))
             if beats:
                 await conn.execute(query("upsert_workers"), *heartbeat_arrays(beats))
+            if alerts:
+                await conn.execute(query("upsert_alerts"), *alert_arrays(alerts))
             for job_id, definition, seen_at in definitions:
                 await self._project_definition(conn, job_id, definition, seen_at)
             if definitions:
@@ -253,7 +269,26 @@ class MonitorService:
                 query("store_offsets"), self.group,
                 [t for t, _ in offsets], [p for _, p in offsets], list(offsets.values()))
         self.projected += len(events) + len(beats) + len(definitions) + len(commands)
+        self._count(events, beats, definitions, commands, alerts, time.monotonic() - started)
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    def _count(self, events: list[tuple[ExecutionEvent, int, int]], beats: list[Heartbeat],  # noqa: PLR0917
+               definitions: list[Any], commands: list[Command],
+               alerts: list[tuple[Alert, int, int]], seconds: float) -> None:
+        """Metrics of one committed batch (after the commit: exactly once per record)."""
+        metrics.PROJECTION_BATCH.observe(seconds)
+        t = self.topics
+        for topic, count in ((t.execution_events, len(events)), (t.heartbeats, len(beats)),
+                             (t.job_definitions, len(definitions)), (t.commands, len(commands)),
+                             (t.alerts, len(alerts))):
+            if count:
+                metrics.PROJECTED.labels(topic=t.logical(topic)).inc(count)
+        for event, _, _ in events:
+            if event.terminal:
+                metrics.EXECUTIONS.labels(status=event.status, queue=event.queue or "",
+                                          priority=event.priority or "").inc()
+        for alert, _, _ in alerts:
+            metrics.ALERTS.labels(kind=alert.kind, state=alert.state).inc()
 
     async def _fence(self, conn: Any, batch: _Batch) -> dict[tuple[str, int], int]:
         """Lock the offset rows of the batch's partitions (in a fixed order) and return
@@ -293,6 +328,8 @@ class MonitorService:
                                                key_field="worker_id"), partition, offset))
                 elif topic == self.topics.commands:
                     batch.commands.append((decode(Command, msg.value()), partition, offset))
+                elif topic == self.topics.alerts:
+                    batch.alerts.append((decode(Alert, msg.value()), partition, offset))
                 else:
                     job_id = decode_key(msg.key())
                     definition = None if msg.value() is None else decode(
@@ -342,6 +379,7 @@ class MonitorService:
                                               step, verdict.decision, verdict.detail)
                 if claimed is None:
                     continue  # evaluated already in this run
+                metrics.DAG_EVALUATIONS.labels(decision=verdict.decision).inc()
                 log(logger, "dag_step_decided", job_id=row["job_id"], run_id=str(patch.run_id),
                     execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
                 records += self._step_records(JobDefinition.model_validate_json(row["definition"]),
@@ -384,14 +422,15 @@ class MonitorService:
                          scheduled_at=row["scheduled_at"], attempt_number=row["attempt_number"],
                          reason="DEPENDENCY", delivery=row["delivery"],
                          idempotency_key=row["idempotency_key"],
-                         job=JobSnapshot.model_validate_json(row["job"]))
+                         job=JobSnapshot.model_validate_json(row["job"]),
+                         approved_by=command.issued_by)
             return [self._due_record(due)]
         now = now_utc()
         return [self._event_record(ExecutionEvent(
             event_id=uuid4(), execution_id=row["execution_id"], job_id=row["job_id"],
             run_id=row["run_id"], status="SKIPPED", attempt_number=row["attempt_number"],
             scheduled_at=row["scheduled_at"], occurred_at=now, completed_at=now,
-            delivery=row["delivery"],
+            delivery=row["delivery"], rejected_by=command.issued_by,
             error_message=f"rejected{who}: {command.reason or 'no reason given'}"))]
 
     def _due_record(self, due: JobDue) -> OutRecord:
@@ -412,7 +451,7 @@ class MonitorService:
         log(logger, "alert_raised", logging.ERROR, kind=alert.kind, job_id=alert.job_id,
             execution_id=str(alert.execution_id), attempt=alert.attempt_number,
             error=(alert.error_message or "")[:300])
-        return OutRecord(self.topics.alerts, alert.job_id.encode(), alert.to_json())
+        return OutRecord(self.topics.alerts, alert.key, alert.to_json())
 
     async def _project_definition(
         self, conn: Any, job_id: str, d: JobDefinition | None, seen_at: datetime,
@@ -448,11 +487,14 @@ class MonitorService:
                 return
             rounds += 1
             try:
-                if await self._caught_up_on_heartbeats():
+                owner = await self._caught_up_on_heartbeats()
+                if owner:
                     await self._requeue_dead_workers()
                 if rounds % METRICS_EVERY == 0:
                     await self._refresh_next_executions()
-                    await self._measure_queue_depth()
+                    # One monitor measures the fleet-wide gauges, so that sums stay true.
+                    if owner:
+                        await self._measure_queue_depth()
             except (asyncpg.PostgresError, OSError) as exc:
                 log(logger, "housekeeping_failed", logging.WARNING, error=str(exc))
 
@@ -502,6 +544,7 @@ class MonitorService:
             self._producer.produce(record)
         await asyncio.get_running_loop().run_in_executor(None, self._producer.flush, 30.0)
         await self._pool.execute(query("mark_workers_offline"), ids)
+        metrics.REQUEUES.labels(reason="dead_worker").inc(len(running))
         for row in dead:
             log(logger, "worker_declared_dead", logging.WARNING, worker_id=row["worker_id"],
                 last_heartbeat=row["last_heartbeat"].isoformat(), requeued=len(running))
@@ -527,6 +570,11 @@ class MonitorService:
         if depth:
             await self._pool.execute(query("upsert_queue_depth"), [p for p, _, _ in depth],
                                      [q for _, q, _ in depth], [d for _, _, d in depth])
+        for priority, queue, value in depth:
+            metrics.QUEUE_DEPTH.labels(queue=queue, priority=priority).set(value)
+        counts = {r["status"]: r["n"] for r in await self._pool.fetch(query("workers_by_status"))}
+        for status in ("ACTIVE", "DRAINING", "OFFLINE"):
+            metrics.WORKERS.labels(status=status).set(counts.get(status, 0))
 
     def _work_lag(self) -> list[tuple[str, str, int]]:
         reader = Consumer({"bootstrap.servers": self.settings.kafka_bootstrap_servers,

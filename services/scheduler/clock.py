@@ -118,7 +118,7 @@ def render_due(job: JobClock, fire_ms: int) -> Fire:
     value = (f'{{"schema_version":1,"execution_id":"{execution}","job_id":{job_json},'
              f'"run_id":"{run}","scheduled_at":"{json_time}","attempt_number":1,'
              f'"reason":"SCHEDULE","delivery":1,"idempotency_key":{key},'
-             f'"job":{snapshot_json}}}').encode()
+             f'"job":{snapshot_json},"approved_by":null}}').encode()
     return Fire(job.job_id, fire_ms, execution, value)
 
 

@@ -33,6 +33,7 @@ from uuid import UUID
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
+from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.kafka import (
     ConsumerThread,
@@ -98,6 +99,7 @@ class Leader:
     async def stop(self) -> None:
         """Stop acting: after this returns no transaction of this term is in flight."""
         self._active = False
+        metrics.SCHEDULER_LEADER.set(0)
         self._wake.set()
         self._caught_up.set()
         self._state_loaded.set()
@@ -230,6 +232,9 @@ class Leader:
         await self._commit(records, offsets)
         self._loading = False
         self.ready.set()
+        metrics.SCHEDULER_LEADER.set(1)
+        metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
+        metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
         self._tasks.append(asyncio.create_task(self._consume_retries(), name="scheduler-retries"))
         log(logger, "leader_ready", instance=self.instance, jobs=len(self.clock.jobs),
             retries=len(self.clock.retries), takeover_seconds=round(time.monotonic() - started, 3))
@@ -347,8 +352,17 @@ class Leader:
                 self.clock.restore(plan)
                 raise
             self.clock.commit(plan)
+            metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
+            metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
+            if plan.skipped:
+                metrics.MISFIRES.labels(outcome="skipped").inc(plan.skipped)
             if plan.dues:
                 committed_ms = time_ms()
+                retried = len(plan.fired_retries)
+                metrics.FIRES.labels(reason="RETRY").inc(retried)
+                metrics.FIRES.labels(reason="SCHEDULE").inc(len(plan.dues) - retried)
+                for fire in plan.dues:
+                    metrics.FIRE_LAG.observe(max(0, committed_ms - fire.scheduled_ms) / 1000)
                 log(logger, "jobs_fired", fired=len(plan.dues),
                     max_lag_ms=committed_ms - min(d.scheduled_ms for d in plan.dues),
                     plan_ms=planned_ms - now_ms, commit_ms=committed_ms - planned_ms,

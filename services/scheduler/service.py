@@ -16,9 +16,10 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 
 from cronstream.services.scheduler.leader import Leader
+from cronstream.shared.health import Health
 from cronstream.shared.kafka import ConsumerThread, consumer_config, log_consumer_error
 from cronstream.shared.logs import log
-from cronstream.shared.settings import Settings, default_worker_id
+from cronstream.shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,10 @@ class SchedulerService:
     def __init__(self, settings: Settings, instance: str | None = None) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.instance = instance or default_worker_id()
+        self.instance = settings.instance(instance)
+        self.health = Health(self.name)
+        # Ready once the election group answered: as leader (after takeover) or standby.
+        self.health.require("election")
         self.leader: Leader | None = None
         self._assigned = False
         self._retry_after = 0.0
@@ -81,6 +85,9 @@ class SchedulerService:
             # A fenced leader that still holds the partition waits a session before
             # trying again: by then the group has told it whether it still leads.
             self._retry_after = time.monotonic() + self.settings.scheduler_session_timeout_ms / 1000
+        if self.leader is not None:
+            # A leader is ready once it has fenced its predecessor and read its state.
+            self.health.set("takeover", self.leader.ready.is_set(), "taking over leadership")
         if self.leader is None and self._assigned and time.monotonic() >= self._retry_after:
             assert self._election is not None
             log(logger, "leader_elected", instance=self.instance)
@@ -89,6 +96,7 @@ class SchedulerService:
 
     async def _stop_leader(self, reason: str) -> None:
         leader, self.leader = self.leader, None
+        self.health.set("takeover", True)
         if leader is not None:
             await leader.stop()
             log(logger, "leader_stepped_down", instance=self.instance, reason=reason)
@@ -96,6 +104,7 @@ class SchedulerService:
     # -- rebalance callbacks: run on the election thread, inside consume() --------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.health.set("election", True)
         for tp in partitions:
             tp.offset = OFFSET_BEGINNING  # the leader replays definitions from the start
         consumer.incremental_assign(partitions)

@@ -37,13 +37,15 @@ class CancelSignal:
     readable from handler threads and awaitable on the event loop."""
 
     reason: str = ""
+    by: str | None = None  # who asked (Command.issued_by), when someone did
     _flag: threading.Event = field(default_factory=threading.Event)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
-    def set(self, reason: str) -> None:
+    def set(self, reason: str, by: str | None = None) -> None:
         if self._flag.is_set():
             return
         self.reason = reason
+        self.by = by
         self._flag.set()
         for waiter in self._waiters:
             if not waiter.done():

@@ -30,7 +30,9 @@ from uuid import UUID, uuid4
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
+from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.health import Health
 from cronstream.shared.kafka import (
     ConsumerThread,
     IdempotentProducer,
@@ -60,7 +62,7 @@ from cronstream.shared.records import (
 )
 from cronstream.shared.retry import attempts_left, next_attempt
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
+from cronstream.shared.telemetry import child_traceparent, trace_headers, trace_id, traceparent_of
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,13 @@ class Finished:
     running: Running
     outcome: Outcome
     completed_at: datetime
+    status: str = ""  # the status reported (set when its records are built)
+
+
+def _exemplar(run: Running) -> dict[str, str] | None:
+    """The execution's trace id, attached to its histogram sample (docs/metrics.md)."""
+    trace = trace_id(run.traceparent)
+    return {"trace_id": trace} if trace else None
 
 
 class WorkerService:
@@ -107,6 +116,8 @@ class WorkerService:
         self.queues = list(settings.worker_queues)
         self.capacity = settings.worker_concurrency
         self.runner = runner
+        self.health = Health(self.name)
+        self.health.require("assignment")
         self.status = "ACTIVE"
         self.running: dict[UUID, Running] = {}
         self._finished: list[Finished] = []
@@ -120,7 +131,7 @@ class WorkerService:
         self._fill_until = 0.0
         self._rng = random.Random()
         # Cancelled execution ids (from `commands`), for those not started yet.
-        self._cancelled: OrderedDict[UUID, str] = OrderedDict()
+        self._cancelled: OrderedDict[UUID, tuple[str, str | None]] = OrderedDict()
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -142,6 +153,7 @@ class WorkerService:
         await loop.run_in_executor(None, ensure_topics, self.settings,
                                    self.topics.work_specs(self.queues))
         await self.runner.start()
+        metrics.WORKER_SLOTS.set(self.capacity)
         tid = f"{self.topics.prefix}worker-{self.worker_id}"
         self._producer = TransactionalProducer(
             producer_config(self.settings, f"worker-{self.worker_id}", transactional_id=tid))
@@ -255,10 +267,13 @@ class WorkerService:
                 continue  # a redelivery of what already runs here
             parent = traceparent_of(msg.headers())
             run = Running(due, child_traceparent(parent), now_utc())
-            reason = self._cancelled.get(due.execution_id)
-            if reason is not None:
+            cancelled = self._cancelled.get(due.execution_id)
+            if cancelled is not None:
+                reason, by = cancelled
                 records.append(self._event(run, "CANCELLED", completed_at=run.started_at,
-                                           error_message=f"cancelled before it started: {reason}"))
+                                           error_message=f"cancelled before it started: {reason}",
+                                           cancelled_by=by, priority=due.job.priority,
+                                           queue=due.job.queue))
                 continue
             starts.append(run)
             records.append(self._event(run, "RUNNING"))
@@ -282,6 +297,21 @@ class WorkerService:
         for run in starts:
             self.running[run.due.execution_id] = run
             run.task = asyncio.create_task(self._execute(run))
+            job = run.due.job
+            metrics.START_LAG.labels(queue=job.queue, priority=job.priority).observe(
+                max(0.0, (run.started_at - run.due.scheduled_at).total_seconds()),
+                _exemplar(run))
+        for done in finished:
+            self._count_finished(done)
+        metrics.WORKER_SLOTS_BUSY.set(len(self.running))
+        metrics.WORKER_BUFFERED.set(self._buffered())
+
+    def _count_finished(self, done: Finished) -> None:
+        job, status = done.running.due.job, done.status
+        metrics.WORKER_EXECUTIONS.labels(status=status, queue=job.queue, priority=job.priority).inc()
+        metrics.EXECUTION_DURATION.labels(queue=job.queue, priority=job.priority, status=status).observe(
+            max(0.0, (done.completed_at - done.running.started_at).total_seconds()),
+            _exemplar(done.running))
 
     def _next_buffered(self) -> Message | None:
         for priority in PRIORITIES:
@@ -361,9 +391,12 @@ class WorkerService:
         error = outcome.error
         if status == "CANCELLED" and run.cancel.reason:
             error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"
+        done.status = status
         records.insert(0, self._event(
             run, status, completed_at=done.completed_at, error_message=error,
             result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
+            priority=run.due.job.priority, queue=run.due.job.queue,
+            cancelled_by=run.cancel.by if status == "CANCELLED" else None,
         ))
         log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
             job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
@@ -446,14 +479,14 @@ class WorkerService:
             if command.command != "CANCEL":
                 continue
             reason = command.reason or "cancelled"
-            self._cancelled[command.execution_id] = reason
+            self._cancelled[command.execution_id] = (reason, command.issued_by)
             if len(self._cancelled) > CANCELLED_MEMORY:
                 self._cancelled.popitem(last=False)
             run = self.running.get(command.execution_id)
             if run is not None:
                 log(logger, "execution_cancel_requested", job_id=run.due.job_id,
                     execution_id=str(command.execution_id), reason=reason)
-                run.cancel.set(reason)
+                run.cancel.set(reason, command.issued_by)
 
     # -- heartbeats -----------------------------------------------------------------
 
@@ -482,6 +515,7 @@ class WorkerService:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
+        self.health.set("assignment", True)
         if self._paused and partitions:
             consumer.pause(partitions)
         # Let every tier's backlog reach the buffer before choosing what starts first.
@@ -490,6 +524,7 @@ class WorkerService:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log(logger, "partitions_revoked", count=len(partitions))
+        self.health.set("assignment", False, "rebalancing")
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._loop is not None:
             # Buffered records of revoked partitions belong to their next owner now.

@@ -25,18 +25,22 @@ ON CONFLICT (event_id) DO NOTHING;
 INSERT INTO job_executions AS je (
     execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at, completed_at,
     worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
-    priority, queue, last_event, updated_at, reason, idempotency_key, job)
+    priority, queue, last_event, updated_at, reason, idempotency_key, job, approved_by,
+    rejected_by, cancelled_by)
 SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
        p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message,
        p.result::jsonb, p.progress, p.progress_message, p.priority, p.queue, p.last_event,
-       p.updated_at, p.reason, p.idempotency_key, p.job::jsonb
+       p.updated_at, p.reason, p.idempotency_key, p.job::jsonb, p.approved_by, p.rejected_by,
+       p.cancelled_by
 FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::timestamptz[],
             $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::int[],
             $11::int[], $12::text[], $13::text[], $14::real[], $15::text[], $16::text[],
-            $17::text[], $18::text[], $19::timestamptz[], $20::text[], $21::text[], $22::text[])
+            $17::text[], $18::text[], $19::timestamptz[], $20::text[], $21::text[], $22::text[],
+            $23::text[], $24::text[], $25::text[])
      AS p(execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at,
           completed_at, worker_id, attempt_number, delivery, error_message, result, progress,
-          progress_message, priority, queue, last_event, updated_at, reason, idempotency_key, job)
+          progress_message, priority, queue, last_event, updated_at, reason, idempotency_key, job,
+          approved_by, rejected_by, cancelled_by)
 ON CONFLICT (execution_id) DO UPDATE SET
     status = EXCLUDED.status,
     delivery = EXCLUDED.delivery,
@@ -58,6 +62,9 @@ ON CONFLICT (execution_id) DO UPDATE SET
     reason = COALESCE(EXCLUDED.reason, je.reason),
     idempotency_key = COALESCE(EXCLUDED.idempotency_key, je.idempotency_key),
     job = COALESCE(EXCLUDED.job, je.job),
+    approved_by = COALESCE(EXCLUDED.approved_by, je.approved_by),
+    rejected_by = COALESCE(EXCLUDED.rejected_by, je.rejected_by),
+    cancelled_by = COALESCE(EXCLUDED.cancelled_by, je.cancelled_by),
     updated_at = EXCLUDED.updated_at
 WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                         'SKIPPED')
@@ -262,3 +269,36 @@ WHERE consumer = $1 AND (topic, partition) IN (
     SELECT * FROM unnest($2::text[], $3::int[]))
 ORDER BY topic, partition
 FOR UPDATE;
+
+-- name: upsert_alerts
+-- One row per episode: a RESOLVED record closes what FIRING opened; a repeat changes nothing.
+INSERT INTO alerts AS a (alert_id, kind, severity, state, job_id, queue, execution_id, run_id,
+                         summary, error_message, evidence, fired_at, resolved_at, updated_at,
+                         kafka_partition, kafka_offset)
+SELECT x.alert_id, x.kind, x.severity, x.state, x.job_id, x.queue, x.execution_id, x.run_id,
+       x.summary, x.error_message, x.evidence::jsonb, x.raised_at,
+       CASE WHEN x.state = 'RESOLVED' THEN x.raised_at END, now(), x.kafka_partition,
+       x.kafka_offset
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::uuid[],
+            $8::uuid[], $9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::int[],
+            $14::bigint[])
+     AS x(alert_id, kind, severity, state, job_id, queue, execution_id, run_id, summary,
+          error_message, evidence, raised_at, kafka_partition, kafka_offset)
+ON CONFLICT (alert_id) DO UPDATE SET
+    state = EXCLUDED.state,
+    resolved_at = EXCLUDED.resolved_at,
+    evidence = CASE WHEN EXCLUDED.state = 'RESOLVED' THEN a.evidence || EXCLUDED.evidence
+                    ELSE a.evidence END,
+    updated_at = EXCLUDED.updated_at
+WHERE a.state = 'FIRING' AND EXCLUDED.state = 'RESOLVED';
+
+-- name: recent_alerts
+SELECT alert_id, kind, severity, state, job_id, queue, execution_id, summary, error_message,
+       evidence, fired_at, resolved_at
+FROM alerts
+WHERE ($1::text IS NULL OR state = $1)
+ORDER BY fired_at DESC
+LIMIT $2;
+
+-- name: workers_by_status
+SELECT status, count(*) AS n FROM workers GROUP BY status;

@@ -1,0 +1,237 @@
+"""Every Prometheus metric cronstream exports (SPEC §10; the contract is docs/metrics.md).
+
+Names are public: dashboards and alerting rules in `deploy/` query them, so they change
+only on purpose (a test checks this module against docs/metrics.md). Labels are bounded
+by design — the label budget in docs/metrics.md — and never carry a job_id, an
+execution_id or a worker_id (the scrape's `instance` label already names the process).
+
+Metrics are created unregistered; `announce(service)` registers the common ones and
+that service's own, so a process exports only what the service it runs can move (a
+worker has no `cronstream_scheduler_leader` at 0 to confuse a sum).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+# Seconds: from a few milliseconds (fire lag, start lag) to minutes (handlers).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+# -- every service ------------------------------------------------------------------------
+
+BUILD_INFO = Gauge(
+    "cronstream_build_info",
+    "Always 1; the version and service of this process.",
+    ["service", "version"],
+    registry=None,
+)
+DEAD_LETTERS = Counter(
+    "cronstream_dead_letters",
+    "Records dead-lettered, by the topic they came from.",
+    ["service", "topic"],
+    registry=None,
+)
+TRANSACTION_ABORTS = Counter(
+    "cronstream_kafka_transaction_aborts",
+    "Kafka transactions aborted (the batch is read again).",
+    ["service"],
+    registry=None,
+)
+PRODUCER_RESETS = Counter(
+    "cronstream_kafka_producer_resets",
+    "Producers thrown away and rebuilt after a hung or fatal transaction.",
+    ["service"],
+    registry=None,
+)
+CONSUMER_LAG = Gauge(
+    "cronstream_consumer_lag",
+    "Records behind the end of the log (last stable offset), per partition this process consumes.",
+    ["service", "group", "topic", "partition"],
+    registry=None,
+)
+TASK_RESTARTS = Counter(
+    "cronstream_background_task_restarts",
+    "Background tasks restarted after an error.",
+    ["service", "task"],
+    registry=None,
+)
+
+# -- scheduler ----------------------------------------------------------------------------
+
+SCHEDULER_LEADER = Gauge(
+    "cronstream_scheduler_leader", "1 while this scheduler leads, else 0.", registry=None
+)
+SCHEDULER_JOBS = Gauge("cronstream_scheduler_jobs", "Job definitions held by the leader.", registry=None)
+SCHEDULER_SUSPENDED = Gauge(
+    "cronstream_scheduler_suspended_jobs",
+    "Jobs the leader suspended because they cannot be computed.",
+    registry=None,
+)
+SCHEDULER_PENDING_RETRIES = Gauge(
+    "cronstream_scheduler_pending_retries", "Retry timers waiting in the leader.", registry=None
+)
+FIRES = Counter(
+    "cronstream_scheduler_fires", "JobDue records committed by the scheduler.", ["reason"], registry=None
+)
+MISFIRES = Counter(
+    "cronstream_scheduler_misfires",
+    "Fires missed while no scheduler ran, by what the misfire policy did.",
+    ["outcome"],
+    registry=None,
+)
+FIRE_LAG = Histogram(
+    "cronstream_scheduler_fire_lag_seconds",
+    "From scheduled_at to the JobDue committed.",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+
+# -- dispatcher ---------------------------------------------------------------------------
+
+DISPATCH_DECISIONS = Counter(
+    "cronstream_dispatcher_decisions",
+    "What the dispatcher did with each JobDue.",
+    ["decision"],
+    registry=None,
+)
+DISPATCH_BATCH = Histogram(
+    "cronstream_dispatcher_batch_seconds",
+    "One dispatcher transaction, from consume to commit.",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+
+# -- worker -------------------------------------------------------------------------------
+
+WORKER_SLOTS = Gauge("cronstream_worker_slots", "Executions this worker can run at once.", registry=None)
+WORKER_SLOTS_BUSY = Gauge("cronstream_worker_slots_busy", "Executions running on this worker.", registry=None)
+WORKER_BUFFERED = Gauge("cronstream_worker_buffered", "Work records read but not started yet.", registry=None)
+WORKER_EXECUTIONS = Counter(
+    "cronstream_worker_executions",
+    "Executions this worker finished, by final status.",
+    ["status", "queue", "priority"],
+    registry=None,
+)
+EXECUTION_DURATION = Histogram(
+    "cronstream_execution_duration_seconds",
+    "Handler run time, RUNNING to its end.",
+    ["queue", "priority", "status"],
+    buckets=DURATION_BUCKETS,
+    registry=None,
+)
+START_LAG = Histogram(
+    "cronstream_execution_start_lag_seconds",
+    "From scheduled_at to RUNNING.",
+    ["queue", "priority"],
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+
+# -- monitor ------------------------------------------------------------------------------
+
+EXECUTIONS = Counter(
+    "cronstream_executions",
+    "Executions that reached a terminal status (projected, exactly once).",
+    ["status", "queue", "priority"],
+    registry=None,
+)
+PROJECTED = Counter(
+    "cronstream_projection_records", "Records projected into PostgreSQL.", ["topic"], registry=None
+)
+PROJECTION_LAG = Gauge(
+    "cronstream_projection_lag_events",
+    "Execution events on the log not yet projected by this monitor.",
+    registry=None,
+)
+PROJECTION_BATCH = Histogram(
+    "cronstream_projection_batch_seconds",
+    "One projection transaction.",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+DAG_EVALUATIONS = Counter(
+    "cronstream_dag_evaluations", "DAG steps evaluated, by decision.", ["decision"], registry=None
+)
+ALERTS = Counter(
+    "cronstream_alerts",
+    "Alerts projected from the alerts topic, by kind and state.",
+    ["kind", "state"],
+    registry=None,
+)
+QUEUE_DEPTH = Gauge(
+    "cronstream_queue_depth",
+    "Work records waiting, per queue and priority.",
+    ["queue", "priority"],
+    registry=None,
+)
+WORKERS = Gauge("cronstream_workers", "Known workers by status.", ["status"], registry=None)
+REQUEUES = Counter("cronstream_requeues", "Executions re-queued, by why.", ["reason"], registry=None)
+
+
+def version() -> str:
+    try:
+        return metadata.version("cronstream")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+COMMON: tuple[MetricWrapperBase, ...] = (
+    BUILD_INFO,
+    DEAD_LETTERS,
+    TRANSACTION_ABORTS,
+    PRODUCER_RESETS,
+    CONSUMER_LAG,
+    TASK_RESTARTS,
+)
+BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
+    "scheduler": (
+        SCHEDULER_LEADER,
+        SCHEDULER_JOBS,
+        SCHEDULER_SUSPENDED,
+        SCHEDULER_PENDING_RETRIES,
+        FIRES,
+        MISFIRES,
+        FIRE_LAG,
+    ),
+    "dispatcher": (DISPATCH_DECISIONS, DISPATCH_BATCH),
+    "worker": (
+        WORKER_SLOTS,
+        WORKER_SLOTS_BUSY,
+        WORKER_BUFFERED,
+        WORKER_EXECUTIONS,
+        EXECUTION_DURATION,
+        START_LAG,
+    ),
+    "monitor": (
+        EXECUTIONS,
+        PROJECTED,
+        PROJECTION_LAG,
+        PROJECTION_BATCH,
+        DAG_EVALUATIONS,
+        ALERTS,
+        QUEUE_DEPTH,
+        WORKERS,
+        REQUEUES,
+    ),
+}
+_announced: set[int] = set()
+_process = {"service": "cronstream"}
+
+
+def service() -> str:
+    """The service this process runs (for the `service` label of the common metrics)."""
+    return _process["service"]
+
+
+def announce(service: str) -> None:
+    """Register the metrics `service` exports (once per process) and its build info."""
+    _process["service"] = service
+    for metric in (*COMMON, *BY_SERVICE.get(service, ())):
+        if id(metric) not in _announced:
+            REGISTRY.register(metric)
+            _announced.add(id(metric))
+    BUILD_INFO.labels(service=service, version=version()).set(1)

@@ -1,0 +1,112 @@
+"""The operating contract: metric names equal docs/metrics.md; probes tell a live loop
+from a stuck one and a ready service from one that is not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cronstream.shared import metrics
+from cronstream.shared.health import Health, HealthServer
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def _exported_name(metric: metrics.MetricWrapperBase) -> str:
+    return metric._name + ("_total" if metric._type == "counter" else "")
+
+
+def test_docs_list_exactly_the_metrics_the_code_defines() -> None:
+    in_code = {_exported_name(m) for m in metrics.COMMON} | {
+        _exported_name(m) for group in metrics.BY_SERVICE.values() for m in group}
+    in_docs = set(re.findall(r"^\| `(cronstream_[a-z_]+)` \|", DOCS.read_text(), re.MULTILINE))
+    assert in_docs == in_code
+
+
+def test_no_metric_is_labelled_by_an_unbounded_id() -> None:
+    forbidden = {"job_id", "execution_id", "run_id", "worker_id", "error", "message"}
+    for metric in (*metrics.COMMON, *(m for g in metrics.BY_SERVICE.values() for m in g)):
+        assert not forbidden & set(metric._labelnames), metric._name
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def served() -> tuple[Health, int]:
+    health = Health("worker", stall_seconds=0.5)
+    server = HealthServer(health, "127.0.0.1", 0)
+    server.start()
+    yield health, server.port
+    server.stop()
+
+
+def test_readyz_follows_the_components(served: tuple[Health, int]) -> None:
+    health, port = served
+    health.require("assignment")
+    status, body = _get(port, "/readyz")
+    assert status == 503
+    assert json.loads(body)["components"] == {"assignment": "starting"}
+    health.set("assignment", True)
+    status, body = _get(port, "/readyz")
+    assert status == 200 and json.loads(body)["ready"] is True
+    health.set("assignment", False, "rebalancing")
+    assert _get(port, "/readyz")[0] == 503
+
+
+def test_healthz_fails_while_the_event_loop_is_blocked(served: tuple[Health, int]) -> None:
+    health, port = served
+    results: list[int] = []
+
+    async def main() -> None:
+        async def tick() -> None:
+            while True:
+                health.tick()
+                await asyncio.sleep(0.05)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.2)
+        results.append(_get(port, "/healthz")[0])  # the loop turns
+        probe = threading.Thread(target=lambda: (time.sleep(1.0), results.append(_get(port, "/healthz")[0])))
+        probe.start()
+        time.sleep(1.5)  # a blocking call on the loop: the very fault liveness must catch
+        probe.join()
+        await asyncio.sleep(0.2)
+        results.append(_get(port, "/healthz")[0])  # turning again
+        ticker.cancel()
+
+    asyncio.run(main())
+    assert results == [200, 503, 200]
+
+
+def test_a_fatal_condition_fails_liveness_for_good(served: tuple[Health, int]) -> None:
+    health, port = served
+    health.tick()
+    health.fail("housekeeping gave up after 5 restarts")
+    status, body = _get(port, "/healthz")
+    assert status == 503 and "housekeeping" in body
+    assert _get(port, "/readyz")[0] == 503
+
+
+def test_metrics_are_prometheus_text(served: tuple[Health, int]) -> None:
+    _, port = served
+    metrics.announce("worker")
+    metrics.WORKER_SLOTS.set(8)
+    status, body = _get(port, "/metrics")
+    assert status == 200
+    assert "cronstream_worker_slots 8.0" in body
+    assert 'cronstream_build_info{service="worker"' in body
+    assert "cronstream_scheduler_leader" not in body  # only the running service's own
