@@ -29,13 +29,8 @@ from pydantic import ValidationError
 from cronstream.shared.codec import MAX_RECORD_BYTES, describe
 from cronstream.shared.dag import dag_problem
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
-from cronstream.shared.kafka import (
-    ConsumerThread,
-    IdempotentProducer,
-    OutRecord,
-    producer_config,
-    reader_config,
-)
+from cronstream.shared.kafka import ConsumerThread, OutRecord, producer_config, reader_config
+from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import (
     MAX_DEFINITION_BYTES,
     Command,

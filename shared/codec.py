@@ -19,6 +19,9 @@ T = TypeVar("T", bound=Record)
 MAX_RECORD_BYTES = MAX_DEFINITION_BYTES + 16 * 1024
 
 
+MAX_PROBLEMS = 10  # a hostile record can fail validation a million times; name a few
+
+
 class DecodeError(ValueError):
     """The record cannot be decoded or validated; the message is the reason."""
 
@@ -26,10 +29,13 @@ class DecodeError(ValueError):
 def describe(exc: ValidationError) -> str:
     """A one-line account of a validation failure that names each field."""
     problems = []
-    for error in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in error["loc"])
-        msg = error["msg"].removeprefix("Value error, ")
+    errors = exc.errors(include_url=False)
+    for error in errors[:MAX_PROBLEMS]:
+        loc = ".".join(str(p) for p in error["loc"])[:200]
+        msg = error["msg"].removeprefix("Value error, ")[:300]
         problems.append(f"{loc}: {msg}" if loc else msg)
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
     return "; ".join(problems)
 
 
@@ -50,6 +56,12 @@ def decode(
         record = model.model_validate_json(value)
     except ValidationError as exc:
         raise DecodeError(f"invalid {model.__name__}: {describe(exc)}") from None
+    except Exception as exc:
+        # Not a validation error, yet the record caused it (a RecursionError from a
+        # pathological expression, an OverflowError from a date): the record is bad, the
+        # consumer is not.
+        raise DecodeError(f"invalid {model.__name__}: {type(exc).__name__}: "
+                          f"{str(exc)[:300]}") from None
     if key_field is not None:
         expected = str(getattr(record, key_field))
         if key is None or key != expected.encode():
@@ -80,5 +92,5 @@ def decode_many(model: type[T], values: list[bytes]) -> list[T] | None:
         adapter = _LIST_ADAPTERS[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
     try:
         return adapter.validate_json(b"[" + b",".join(values) + b"]")  # type: ignore[return-value]
-    except ValidationError:
+    except Exception:  # the slow path names the bad record
         return None

@@ -38,6 +38,10 @@ _TOKEN = re.compile(r"""
     | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*(?:\[\d+\][A-Za-z0-9_.\-\[\]]*)*)
     )""", re.VERBOSE)
 _KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
+# Limits that keep parsing and evaluation bounded whatever a record holds (a condition of
+# 300 nested parentheses once crashed every scheduler with RecursionError).
+MAX_TOKENS = 256
+MAX_DEPTH = 32
 _COMPARISONS = {"==", "!=", "<", "<=", ">", ">=", "in", "not in"}
 
 
@@ -80,6 +84,9 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
         if kind == "name" and value in _KEYWORDS:
             kind = "keyword"
         out.append((kind, value, start))
+        if len(out) > MAX_TOKENS:
+            raise ConditionError(f"more than {MAX_TOKENS} tokens; split the logic into "
+                                 "upstream results instead")
         pos = match.end()
     return out
 
@@ -91,6 +98,12 @@ class _Parser:
         self.i = 0
         self.upstreams = sorted(upstreams, key=len, reverse=True)
         self.used: set[str] = set()
+        self.depth = 0
+
+    def deeper(self, position: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ConditionError(f"nests deeper than {MAX_DEPTH} levels at position {position}")
 
     def peek(self, offset: int = 0) -> tuple[str, str, int] | None:
         j = self.i + offset
@@ -133,7 +146,10 @@ class _Parser:
         t = self.peek()
         if t and t[1] == "not" and not (self.peek(1) and self.peek(1)[1] == "in"):  # type: ignore[index]
             self.take()
-            return ("not", self.not_expr())
+            self.deeper(t[2])
+            node = ("not", self.not_expr())
+            self.depth -= 1
+            return node
         return self.comparison()
 
     def comparison(self) -> Node:
@@ -154,8 +170,10 @@ class _Parser:
     def operand(self) -> Node:
         kind, value, position = self.take()
         if value == "(":
+            self.deeper(position)
             node = self.expr()
             self.take(")")
+            self.depth -= 1
             return node
         if value == "[":
             items: list[Any] = []

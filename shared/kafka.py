@@ -1,38 +1,26 @@
-"""Kafka plumbing shared by every service: configs, consumers, transactions, dead letters.
+"""Kafka plumbing shared by every service: configs, consumers, admin.
 
 confluent-kafka is synchronous; services are asyncio programs. Each consumer owns one
-thread (`ConsumerThread`) on which every call on it runs, so rebalance callbacks run on
-that thread too, and the event loop is never blocked by a poll. Producers' blocking
-transactional calls run on a thread of their own for the same reason.
-
-Transactions follow librdkafka's three error classes (INTRODUCTION.md, "Transactional
-producer API"): retriable errors retry the same call, abortable errors abort and replay
-the whole transaction (records are materialised so replay is exact), fatal errors — a
-fenced producer above all — raise `ProducerFenced` and the owner must drop the producer.
+lane (`shared/lanes.py`: a daemon thread) on which every call on it runs, so rebalance
+callbacks run there too, the event loop is never blocked by a poll, and no call can hold
+the service hostage: each has a deadline, after which the service fails loudly (and its
+supervisor restarts it) instead of hanging. Producers live in `shared/producers.py`,
+the inbound path (decode, validate, dead-letter) in `shared/inbound.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from cronstream.shared import metrics
+from cronstream.shared.lanes import CallTimedOut, Lane
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Headers
@@ -42,11 +30,14 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DLQ_TOPIC = "cronstream.dlq.topic"
-DLQ_PARTITION = "cronstream.dlq.partition"
-DLQ_OFFSET = "cronstream.dlq.offset"
-DLQ_ERROR = "cronstream.dlq.error"
-DLQ_SERVICE = "cronstream.dlq.service"
+# librdkafka's logical offset "from the beginning of the partition".
+OFFSET_BEGINNING = -2
+# A call on a consumer that has not returned after this long is stuck (a rebalance
+# callback included, which may load state): the service fails and is restarted.
+CONSUMER_CALL_DEADLINE = 120.0
+CLOSE_DEADLINE = 10.0
+TRANSACTION_TIMEOUT_MS = 20_000
+
 
 
 class OutRecord(NamedTuple):
@@ -55,14 +46,6 @@ class OutRecord(NamedTuple):
     value: bytes | None
     headers: Headers | None = None
     partition: int | None = None  # None: the partitioner chooses by key
-
-
-class ProducerFenced(Exception):
-    """A fatal producer error: another instance owns this transactional.id now."""
-
-
-class TransactionAborted(Exception):
-    """The transaction could not be committed and was aborted; nothing of it is visible."""
 
 
 # -- configuration --------------------------------------------------------------------
@@ -171,8 +154,11 @@ def producer_config(
     )
     if transactional_id is not None:
         conf["transactional.id"] = transactional_id
-        # message.timeout.ms must stay below transaction.timeout.ms.
-        conf["transaction.timeout.ms"] = 60_000
+        # Our transactions last milliseconds. A short timeout bounds how long the open
+        # transaction of a killed process holds back read_committed consumers (the last
+        # stable offset) when nobody fences it sooner; message.timeout.ms must stay below it.
+        conf["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
+        conf["message.timeout.ms"] = TRANSACTION_TIMEOUT_MS // 2
     return conf
 
 
@@ -180,17 +166,16 @@ def producer_config(
 
 
 class ConsumerThread:
-    """A confluent-kafka Consumer whose every call runs on one dedicated thread."""
+    """A confluent-kafka Consumer whose every call runs on one lane, with a deadline."""
 
     def __init__(self, conf: dict[str, Any], name: str) -> None:
         self.name = name
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.consumer: Consumer = self._executor.submit(Consumer, conf).result()
+        self._lane = Lane(f"consumer-{name}")
+        self.consumer: Consumer = self._lane.run(Consumer, conf, deadline=CONSUMER_CALL_DEADLINE)
         self._closed = False
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn, *args)
+        return await self._lane.call(fn, *args, deadline=CONSUMER_CALL_DEADLINE)
 
     async def consume(self, max_messages: int, timeout: float) -> list[Message]:
         """Up to `max_messages`, returning as soon as any are available.
@@ -210,18 +195,19 @@ class ConsumerThread:
         return [first, *self.consumer.consume(max_messages - 1, 0)]
 
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run on the consumer thread from a non-event-loop context."""
-        return self._executor.submit(fn, *args).result()
+        """Run on the consumer's lane from a non-event-loop context."""
+        return self._lane.run(fn, *args, deadline=CONSUMER_CALL_DEADLINE)
 
     async def close(self) -> None:
+        """Leave the group and close; a close that hangs (no coordinator) is abandoned."""
         if self._closed:
             return
         self._closed = True
         try:
-            await self.call(self.consumer.close)
-        except (KafkaException, RuntimeError) as exc:
+            await self._lane.call(self.consumer.close, deadline=CLOSE_DEADLINE)
+        except (KafkaException, RuntimeError, CallTimedOut) as exc:
             log(logger, "consumer_close_failed", logging.WARNING, consumer=self.name, error=str(exc))
-        self._executor.shutdown(wait=True)
+        self._lane.close()
 
 
 def position(msg: Message) -> tuple[str, int, int]:
@@ -237,13 +223,6 @@ def record_time_ms(msg: Message) -> int:
     return ts if kind and ts > 0 else time.time_ns() // 1_000_000
 
 
-def message_error(msg: Message) -> KafkaError | None:
-    err = msg.error()
-    if err is None:
-        return None
-    return err  # type: ignore[no-any-return]
-
-
 def log_consumer_error(consumer: str, err: KafkaError) -> None:
     if err.code() == KafkaError._PARTITION_EOF:
         return
@@ -251,6 +230,10 @@ def log_consumer_error(consumer: str, err: KafkaError) -> None:
     log(logger, "consumer_error", level, consumer=consumer, error=err.str(), code=err.name())
     if err.fatal():
         raise KafkaException(err)
+
+
+def kafka_error(exc: KafkaException) -> KafkaError | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
 
 
 async def read_to_end(
@@ -273,7 +256,7 @@ async def read_to_end(
     # Every partition is assigned, even an empty one: the caller may keep consuming.
     await reader.call(
         consumer.assign,
-        [TopicPartition(t, p, -2) for (t, p) in ends],  # -2: OFFSET_BEGINNING
+        [TopicPartition(t, p, OFFSET_BEGINNING) for (t, p) in ends],
     )
     pending = {k for k, end in ends.items() if end > 0}
     while pending:
@@ -304,160 +287,6 @@ async def read_to_end(
                     pending.discard((tp.topic, tp.partition))
 
 
-# -- producers --------------------------------------------------------------------------
-
-
-def _produce(producer: Producer, record: OutRecord, on_delivery: Callable[..., None] | None = None) -> None:
-    kwargs: dict[str, Any] = {"headers": record.headers}
-    if on_delivery is not None:
-        kwargs["on_delivery"] = on_delivery
-    if record.partition is not None:
-        kwargs["partition"] = record.partition
-    while True:
-        try:
-            producer.produce(record.topic, record.value, record.key, **kwargs)
-            return
-        except BufferError:
-            producer.poll(0.05)  # local queue full: serve deliveries, then retry
-
-
-def _kafka_error(exc: KafkaException) -> KafkaError | None:
-    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-
-
-class TransactionalProducer:
-    """A transactional producer with librdkafka's error-class handling (blocking API)."""
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self.transactional_id = conf["transactional.id"]
-        self._producer = Producer(conf)
-        self._closed = False
-
-    def init(self, timeout: float = 30.0) -> None:
-        """Take ownership of the transactional.id, fencing any previous owner."""
-        self._retry(lambda: self._producer.init_transactions(timeout), "init_transactions")
-
-    def commit_records(
-        self,
-        records: Iterable[OutRecord],
-        offsets: list[TopicPartition] | None = None,
-        group_metadata: Callable[[], Any] | None = None,
-        attempts: int = 3,
-        timeout: float = 30.0,
-    ) -> None:
-        """Produce `records` (and commit `offsets` for the group) in one transaction.
-
-        Raises TransactionAborted when abortable errors persist over `attempts`, and
-        ProducerFenced on a fatal error.
-        """
-        materialised = list(records)
-        for attempt in range(1, attempts + 1):
-            try:
-                self._producer.begin_transaction()
-                for record in materialised:
-                    _produce(self._producer, record)
-                if offsets:
-                    assert group_metadata is not None
-                    self._retry(
-                        lambda: self._producer.send_offsets_to_transaction(
-                            offsets, group_metadata(), timeout
-                        ),
-                        "send_offsets_to_transaction",
-                    )
-                self._retry(lambda: self._producer.commit_transaction(timeout), "commit_transaction")
-                return
-            except KafkaException as exc:
-                err = _kafka_error(exc)
-                if err is not None and err.fatal():
-                    raise ProducerFenced(str(err)) from exc
-                if err is not None and err.txn_requires_abort():
-                    metrics.TRANSACTION_ABORTS.labels(service=metrics.service()).inc()
-                    log(logger, "transaction_aborted", logging.WARNING,
-                        transactional_id=self.transactional_id, attempt=attempt, error=err.str())
-                    self._abort(timeout)
-                    continue
-                raise
-        raise TransactionAborted(f"transaction aborted {attempts} times")
-
-    def _abort(self, timeout: float) -> None:
-        try:
-            self._retry(lambda: self._producer.abort_transaction(timeout), "abort_transaction")
-        except KafkaException as exc:
-            err = _kafka_error(exc)
-            if err is not None and err.fatal():
-                raise ProducerFenced(str(err)) from exc
-            raise
-
-    def _retry(self, call: Callable[[], object], what: str, attempts: int = 5) -> None:
-        for attempt in range(1, attempts + 1):
-            try:
-                call()
-                return
-            except KafkaException as exc:
-                err = _kafka_error(exc)
-                if err is not None and err.fatal():
-                    raise ProducerFenced(f"{what}: {err.str()}") from exc
-                if err is not None and err.retriable() and attempt < attempts:
-                    time.sleep(0.05 * attempt)
-                    continue
-                raise
-
-    def close(self) -> None:
-        """Drop the producer; an open transaction is aborted by the broker or successor."""
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(KafkaException):
-            self._producer.flush(1.0)
-
-
-class IdempotentProducer:
-    """A non-transactional, idempotent producer with a delivery-report check on flush."""
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self._producer = Producer(conf)
-        self._errors: list[str] = []
-
-    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            self._errors.append(err.str())
-
-    def produce(self, record: OutRecord) -> None:
-        _produce(self._producer, record, self._on_delivery)
-        self._producer.poll(0)
-
-    def poll(self, timeout: float = 0) -> None:
-        self._producer.poll(timeout)
-
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait for every record; raise if any failed or some are still undelivered."""
-        remaining = self._producer.flush(timeout)
-        if remaining:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records undelivered"))
-        if self._errors:
-            errors, self._errors = self._errors, []
-            raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "; ".join(errors[:3])))
-
-
-# -- dead letters -----------------------------------------------------------------------
-
-
-def dead_letter(topics: Topics, msg: Message, error: str, service: str) -> OutRecord:
-    """The dead-letter copy of `msg`: original key and bytes, the reason in headers."""
-    headers = list(msg.headers() or [])
-    headers += [
-        (DLQ_TOPIC, (msg.topic() or "").encode()),
-        (DLQ_PARTITION, str(msg.partition()).encode()),
-        (DLQ_OFFSET, str(msg.offset()).encode()),
-        (DLQ_ERROR, error[:2000].encode()),
-        (DLQ_SERVICE, service.encode()),
-    ]
-    metrics.DEAD_LETTERS.labels(service=service, topic=topics.logical(msg.topic() or "")).inc()
-    log(logger, "record_dead_lettered", logging.WARNING, service=service, topic=msg.topic(),
-        partition=msg.partition(), offset=msg.offset(), reason=error[:300])
-    return OutRecord(topics.dead_letters, msg.key(), msg.value(), headers)
-
-
 # -- admin ------------------------------------------------------------------------------
 
 
@@ -483,7 +312,7 @@ def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float
             future.result()
             created.append(name)
         except KafkaException as exc:
-            err = _kafka_error(exc)
+            err = kafka_error(exc)
             if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     _wait_for_metadata(admin, [s.name for s in missing], timeout)

@@ -17,14 +17,24 @@ import ctypes.util
 import logging
 import os
 import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from cronstream.shared import logs, metrics
 from cronstream.shared.health import Health, HealthServer
+from cronstream.shared.lanes import abandoned_lanes
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+# A clean stop finishes well inside Kubernetes' default 30 s grace; past this, exit anyway.
+DEFAULT_SHUTDOWN_SECONDS = 25.0
 
 
 class Service(Protocol):
@@ -58,15 +68,46 @@ def run_service(service: Service, settings: Settings) -> int:
             error=f"cannot serve HTTP on {settings.http_bind}:{settings.port_for(service.name)}: {exc}")
         return 1
     server.start()
+    code = 0
     try:
         asyncio.run(_main(service))
+        live, why = service.health.live()
+        if not live:
+            log(logger, "service_failed", logging.ERROR, service=service.name, error=why)
+            code = 1
     except Exception:
         logger.exception("service failed", extra={"action": "service_failed"})
-        return 1
+        code = 1
     finally:
         server.stop()
-    log(logger, "service_stopped", service=service.name)
-    return 0
+    if code == 0:
+        log(logger, "service_stopped", service=service.name)
+    return _exit(code)
+
+
+def _exit(code: int) -> int:
+    """Return the exit code; or, when a thread is stuck in a client call that may never
+    return (lanes.py), exit the process now rather than wait for it at interpreter exit."""
+    if abandoned_lanes():
+        log(logger, "service_exiting_with_stuck_calls", logging.WARNING, stuck=abandoned_lanes())
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _shutdown_watchdog(seconds: float) -> None:
+    """SIGTERM always works: if a clean stop takes longer than `seconds` (a stuck call
+    without a deadline, a handler that ignores its cancellation), exit anyway."""
+    def expire() -> None:
+        log(logger, "shutdown_overdue", logging.ERROR, seconds=seconds)
+        logging.shutdown()
+        os._exit(3)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
 
 
 async def _tick(health: Health) -> None:
@@ -90,6 +131,7 @@ async def _main(service: Service) -> None:
             return
         log(logger, "service_stopping", signal=signal.Signals(signum).name)
         stopping.set()
+        _shutdown_watchdog(getattr(service, "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS))
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
@@ -104,6 +146,42 @@ async def _main(service: Service) -> None:
                 loop.remove_signal_handler(signum)
             # The service has stopped; a late signal must not cut the last cleanup short.
             signal.signal(signum, signal.SIG_IGN)
+
+
+class TaskGaveUp(RuntimeError):
+    """A supervised background task failed too often: the service stops and fails."""
+
+
+async def supervise(name: str, task: Callable[[], Awaitable[None]], health: Health,
+                    stopping: asyncio.Event, *, max_failures: int = 5, window: float = 120.0) -> None:
+    """Run a background task until it returns or the service stops. When it raises, log
+    the error and start it again with backoff; after `max_failures` failures within
+    `window` seconds give up: liveness fails, the service stops and exits non-zero, and its
+    supervisor (Kubernetes, systemd, `cronstream dev`) restarts it. No background task dies
+    silently."""
+    failures: deque[float] = deque()
+    backoff = 0.5
+    while not stopping.is_set():
+        try:
+            await task()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            now = time.monotonic()
+            failures.append(now)
+            while failures and now - failures[0] > window:
+                failures.popleft()
+            metrics.TASK_RESTARTS.labels(service=health.service, task=name).inc()
+            log(logger, "background_task_failed", logging.ERROR, task=name,
+                error=f"{type(exc).__name__}: {exc}", failures=len(failures),
+                retry_in_seconds=backoff)
+            if len(failures) >= max_failures:
+                health.fail(f"{name} failed {len(failures)} times in {window:g}s; last: {exc}")
+                stopping.set()
+                raise TaskGaveUp(f"{name} gave up: {exc}") from exc
+            await wait_or_stop(stopping, backoff)
+            backoff = min(backoff * 2, 30.0)
 
 
 async def wait_or_stop(stopping: asyncio.Event, timeout: float) -> bool:

@@ -32,7 +32,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Annotated, Any, Literal
-from uuid import UUID
+from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo, available_timezones
 
 from pydantic import (
@@ -327,6 +327,18 @@ class ExecutionEvent(Record):
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @classmethod
+    def for_due(cls, due: JobDue, status: ExecutionStatus, **fields: Any) -> ExecutionEvent:
+        """An event of the execution `due` asks for (its ids, attempt and delivery), now;
+        `fields` add to or override those."""
+        values: dict[str, Any] = {
+            "event_id": uuid4(), "execution_id": due.execution_id, "job_id": due.job_id,
+            "run_id": due.run_id, "status": status, "attempt_number": due.attempt_number,
+            "scheduled_at": due.scheduled_at, "occurred_at": now_utc(), "delivery": due.delivery,
+        }
+        values.update(fields)
+        return cls(**values)
+
 
 class Heartbeat(Record):
     """A worker's periodic liveness report, on `heartbeats` (key: worker_id)."""
@@ -346,6 +358,7 @@ AlertKind = Literal[
     "DURATION_REGRESSION",           # analytics: recent p95 duration above k x the job's baseline
     "QUEUE_GROWING",                 # analytics: a queue's depth rose across consecutive windows
     "FIRE_LATE",                     # analytics: an expected fire did not start or finish in time
+    "JOB_SUSPENDED",                 # the scheduler: a definition it cannot compute (job not firing)
 ]
 AlertState = Literal["FIRING", "RESOLVED"]
 

@@ -13,6 +13,11 @@ Decisions, for a JobDue of a new run (reason SCHEDULE, MANUAL, BACKFILL, DEPENDE
 - REPLACE: cancel the others (a CANCEL command; a QUEUED one is CANCELLED at once), then
   queue it.
 A RETRY or REQUEUE continues a run that was already admitted: it is always queued.
+
+An execution that FAILED or TIMED_OUT with attempts left stays active as the retry it
+will become (RETRY_PENDING, under the retry's deterministic execution id): FORBID keeps
+holding while the run is still trying, and the retry's own events take over the entry.
+A cancelled pending retry ends with a CANCELLED event of that id, which clears it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent, JobDue, UtcDatetime
+from cronstream.shared.retry import retry_execution_id
+
+RETRYABLE = frozenset({"FAILED", "TIMED_OUT"})
 
 Decision = Literal["QUEUE", "SKIP", "REPLACE"]
 NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY"})
@@ -37,7 +45,8 @@ class ActiveExecution(BaseModel):
     attempt_number: int
     scheduled_at: UtcDatetime
     delivery: int
-    status: Literal["QUEUED", "RUNNING"]
+    status: Literal["QUEUED", "RUNNING", "RETRY_PENDING"]
+    max_retries: int = 0
 
 
 class JobActivity(BaseModel):
@@ -67,11 +76,6 @@ class PolicyState:
         self.jobs[key] = {a.execution_id: a for a in activity.active}
         self.partition_of[key] = partition
 
-    def forget_partitions(self, keep: set[int]) -> None:
-        for job_id in [j for j, p in self.partition_of.items() if p not in keep]:
-            self.jobs.pop(job_id, None)
-            self.partition_of.pop(job_id, None)
-
     def others(self, due: JobDue) -> list[ActiveExecution]:
         return [a for a in self.jobs.get(due.job_id, {}).values()
                 if a.execution_id != due.execution_id]
@@ -88,7 +92,7 @@ class PolicyState:
         self._put(due.job_id, partition, ActiveExecution(
             execution_id=due.execution_id, run_id=due.run_id,
             attempt_number=due.attempt_number, scheduled_at=due.scheduled_at,
-            delivery=due.delivery, status="QUEUED"))
+            delivery=due.delivery, status="QUEUED", max_retries=due.job.max_retries))
 
     def observe(self, event: ExecutionEvent, partition: int) -> None:
         """Follow an event of a tracked job."""
@@ -101,6 +105,11 @@ class PolicyState:
         if event.status in TERMINAL_STATUSES:
             if known is not None:
                 self.remove(event.job_id, event.execution_id, partition)
+                if event.status in RETRYABLE and event.attempt_number < 1 + known.max_retries:
+                    attempt = event.attempt_number + 1
+                    self._put(event.job_id, partition, known.model_copy(update={
+                        "execution_id": retry_execution_id(event.job_id, known.run_id, attempt),
+                        "attempt_number": attempt, "delivery": 1, "status": "RETRY_PENDING"}))
         elif event.status == "RUNNING" and known is not None:
             self._put(event.job_id, partition,
                       known.model_copy(update={"status": "RUNNING", "delivery": event.delivery}))

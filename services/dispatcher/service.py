@@ -3,9 +3,15 @@
 Consumes `job-due` and `execution-events` in one group with the range assignor, so
 partition i of both topics (same partition count, both keyed by job_id) lands on the
 same instance: the events it sees are those of the jobs it dispatches. Each batch is one
-consume-transform-produce transaction: the QUEUED events, the work records and the
-consumed offsets commit together or not at all (KIP-447 fencing through the group
-metadata), so a JobDue is queued exactly once even if a dispatcher dies mid-batch.
+consume-transform-produce transaction: the QUEUED events, the work records, the state
+they change (concurrency policy, remembered dues) and the consumed offsets commit
+together or not at all (KIP-447 fencing through the group metadata), so a JobDue is
+queued exactly once even if a dispatcher dies mid-batch.
+
+When a transaction is aborted, or hangs and its producer is replaced (outcome unknown:
+shared/producers.py), nothing of the batch is trusted: the partitions rewind to their
+committed offsets and the state is read back from `dispatcher-state`, both settled by
+then, and the batch is processed again from what actually committed.
 """
 
 from __future__ import annotations
@@ -13,31 +19,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict
-from functools import partial
-from uuid import UUID, uuid4
+from collections import Counter
+from uuid import uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
+from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.health import Health
+from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
+    OFFSET_BEGINNING,
     ConsumerThread,
     OutRecord,
-    TransactionAborted,
-    TransactionalProducer,
+    client_config,
     consumer_config,
-    dead_letter,
     ensure_topics,
-    log_consumer_error,
     position,
     producer_config,
     read_to_end,
     reader_config,
 )
 from cronstream.shared.logs import log
+from cronstream.shared.producers import ProducerFenced, TransactionAborted, TransactionalProducer
 from cronstream.shared.records import Command, ExecutionEvent, ExecutionStatus, JobDue, now_utc
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
@@ -45,7 +52,6 @@ from cronstream.shared.telemetry import child_traceparent, trace_headers, tracep
 logger = logging.getLogger(__name__)
 
 SERVICE = "dispatcher"
-SEEN_LIMIT = 1_000_000
 
 
 class DispatcherService:
@@ -56,11 +62,11 @@ class DispatcherService:
         self.topics = settings.topics
         self.instance = settings.instance(instance)
         self.health = Health(self.name)
-        self.health.require("assignment")
-        # (execution_id, delivery) already queued by this instance; bounded LRU.
-        self._seen: OrderedDict[tuple[UUID, int], None] = OrderedDict()
-        self._queues: set[str] = set()
+        self.health.require("kafka", "assignment")
+        self.inbound = Inbound(SERVICE, self.topics)
+        self.seen = SeenDues()
         self.policy = PolicyState()
+        self._queues: set[str] = set()
         self._owned: set[int] = set()
         self._decided: Counter[str] = Counter()  # decisions of the batch, counted on commit
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,100 +74,114 @@ class DispatcherService:
         self._producer: TransactionalProducer | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        loop = self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         conf = consumer_config(
             self.settings, f"dispatcher-{self.instance}", f"{self.topics.prefix}dispatcher",
             **{"partition.assignment.strategy": "range"},
         )
         consumer = self._consumer = ConsumerThread(conf, "dispatcher")
+        # A stable id: a restarted instance fences its predecessor and settles its
+        # open transaction at once (instead of after transaction.timeout.ms).
         tid = f"{self.topics.prefix}dispatcher-{self.instance}"
         producer = self._producer = TransactionalProducer(
             producer_config(self.settings, f"dispatcher-{self.instance}", transactional_id=tid))
-        await loop.run_in_executor(None, producer.init)
-        await loop.run_in_executor(None, self._known_queues)
-        await consumer.call(
-            lambda: consumer.consumer.subscribe(
-                [self.topics.job_due, self.topics.execution_events],
-                on_assign=self._on_assign, on_revoke=self._on_revoke)
-        )
-        log(logger, "dispatcher_started", instance=self.instance)
         try:
+            await producer.init()
+            self._queues = await self._known_queues(stopping)
+            self.health.set("kafka", True)
+            await consumer.call(
+                lambda: consumer.consumer.subscribe(
+                    [self.topics.job_due, self.topics.execution_events],
+                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+            )
+            log(logger, "dispatcher_started", instance=self.instance)
             while not stopping.is_set():
                 messages = await consumer.consume(2000, 0.1)
                 if messages:
                     await self._process(messages)
+        except ProducerFenced as exc:
+            log(logger, "dispatcher_fenced", logging.ERROR, instance=self.instance, error=str(exc),
+                hint="another dispatcher runs with the same --instance-id")
+            raise
         finally:
             await consumer.close()
-            await loop.run_in_executor(None, producer.close)
+            await producer.close()
 
-    def _known_queues(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        from cronstream.shared.kafka import client_config
-
-        admin = AdminClient(client_config(self.settings, "dispatcher-admin"))
+    async def _known_queues(self, stopping: asyncio.Event) -> set[str]:
+        """The queues that have work topics already (waiting out a broker that is away)."""
         prefix = f"{self.topics.prefix}work."
-        for name in admin.list_topics(timeout=30).topics:
-            if name.startswith(prefix):
-                self._queues.add(name[len(prefix):].split(".", 1)[1])
+        backoff = 0.5
+        while True:
+            try:
+                admin = AdminClient(client_config(self.settings, "dispatcher-admin"))
+                metadata = await asyncio.get_running_loop().run_in_executor(
+                    None, admin.list_topics, None, 10)
+                topics = metadata.topics
+                return {name[len(prefix):].split(".", 1)[1] for name in topics
+                        if name.startswith(prefix) and "." in name[len(prefix):]}
+            except KafkaException as exc:
+                if stopping.is_set():
+                    raise
+                self.health.set("kafka", False, "cannot list topics")
+                log(logger, "kafka_unavailable", logging.WARNING, error=str(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    # -- one batch, one transaction ---------------------------------------------------
 
     async def _process(self, messages: list[Message]) -> None:
         assert self._consumer is not None and self._producer is not None
         started = time.monotonic()
+        batch = self.inbound.batch(messages)
         records: list[OutRecord] = []
-        offsets: dict[tuple[str, int], int] = {}
+        added: list[JobDue] = []
         new_queues: set[str] = set()
-        added: list[tuple[UUID, int]] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                log_consumer_error("dispatcher", err)
-                continue
-            topic, partition, offset = position(msg)
-            offsets[(topic, partition)] = offset + 1
+        now_ms = time.time_ns() // 1_000_000
+        for msg in batch.records:
             if msg.topic() != self.topics.job_due:
                 self._observe(msg)
                 continue
-            try:
-                due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+            due = batch.decode(JobDue, msg, key_field="job_id")
+            if due is None:
                 continue
-            seen_key = (due.execution_id, due.delivery)
-            if seen_key in self._seen:
-                metrics.DISPATCH_DECISIONS.labels(decision="DUPLICATE").inc()
+            if self.seen.seen(due):
+                self._decided["DUPLICATE"] += 1
                 log(logger, "duplicate_due_dropped", job_id=due.job_id,
-                    execution_id=str(due.execution_id), delivery=due.delivery)
+                    execution_id=str(due.execution_id), delivery=due.delivery, reason=due.reason)
                 continue
-            self._remember(seen_key)
-            added.append(seen_key)
-            records.extend(self._dispatch(due, msg))
+            try:
+                out = self._dispatch(due, msg)
+            except Exception as exc:  # one record never stops the dispatcher
+                batch.reject(msg, f"dispatch failed: {type(exc).__name__}: {exc}")
+                continue
+            records.extend(out)
+            self.seen.remember(due)
+            added.append(due)
+            if self.seen.durable(due):
+                key, value = self.seen.record(due, now_ms)
+                records.append(OutRecord(self.topics.dispatcher_state, key, value,
+                                         partition=position(msg)[1]))
             if due.job.queue not in self._queues:
                 new_queues.add(due.job.queue)
+        records.extend(batch.dead)
         if new_queues:
-            specs = self.topics.work_specs(sorted(new_queues))
             await asyncio.get_running_loop().run_in_executor(
-                None, ensure_topics, self.settings, specs)
+                None, ensure_topics, self.settings, self.topics.work_specs(sorted(new_queues)))
             self._queues |= new_queues
         records.extend(
             OutRecord(self.topics.dispatcher_state, job_id.encode(), value, partition=partition)
             for job_id, partition, value in self.policy.drain_dirty())
-        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        loop = asyncio.get_running_loop()
+        records.extend(OutRecord(self.topics.dispatcher_state, key.encode(), None, partition=p)
+                       for key, p in self.seen.expired)
+        self.seen.expired = []
         try:
-            await loop.run_in_executor(
-                None,
-                partial(self._producer.commit_records, records, tps,
-                        self._consumer.consumer.consumer_group_metadata),
-            )
-        except (TransactionAborted, KafkaException) as exc:
-            # Nothing of the batch is visible: forget it and read it again.
-            log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc))
+            await self._producer.commit(records, batch.offsets(),
+                                        self._consumer.consumer.consumer_group_metadata)
+        except TransactionAborted as exc:
+            log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc),
+                outcome_known=type(exc) is TransactionAborted)
             self._decided.clear()
-            for key in added:
-                self._seen.pop(key, None)
-            await self._consumer.call(self._rewind, list(offsets))
-            await self._load_state(self._assigned_partitions())  # undo this batch's changes
+            await self._recover(batch)
             return
         metrics.DISPATCH_BATCH.observe(time.monotonic() - started)
         for decision, count in self._decided.items():
@@ -169,6 +189,13 @@ class DispatcherService:
         self._decided.clear()
         if added:
             log(logger, "executions_queued", logging.DEBUG, count=len(added))
+
+    async def _recover(self, batch: Batch) -> None:
+        """After an aborted or unknown transaction: rewind to what committed and read the
+        state back, so that the batch is processed again from the settled log."""
+        assert self._consumer is not None
+        await self._consumer.call(self._rewind, list(batch.next_offsets))
+        await self._load_state(set(self._owned))
 
     def _dispatch(self, due: JobDue, msg: Message) -> list[OutRecord]:
         """The records one JobDue turns into, under its job's concurrency policy."""
@@ -212,7 +239,12 @@ class DispatcherService:
         ]
 
     def _replace(self, due: JobDue, msg: Message) -> list[OutRecord]:
-        """REPLACE: stop every other non-terminal execution of the job."""
+        """REPLACE: ask every other non-terminal execution of the job to stop.
+
+        Only a CANCEL command: a running one is stopped by its worker, a queued one is
+        skipped by the worker that reaches its work record (which is what makes cancelling
+        a queued execution race-free: only the consumer of the work record decides
+        whether it starts or ends CANCELLED)."""
         records = []
         reason = f"replaced by execution {due.execution_id} (concurrency_policy REPLACE)"
         for other in self.policy.others(due):
@@ -221,10 +253,7 @@ class DispatcherService:
                               issued_by=f"dispatcher/{self.instance}")
             records.append(OutRecord(self.topics.commands, str(other.execution_id).encode(),
                                      command.to_json()))
-            if other.status == "QUEUED":
-                records.append(self._event(other, msg, "CANCELLED", job_id=due.job_id,
-                                           error_message=reason, cancelled_by=command.issued_by))
-                self.policy.remove(due.job_id, other.execution_id, msg.partition())
+            self.policy.remove(due.job_id, other.execution_id, msg.partition())
             log(logger, "execution_replaced", job_id=due.job_id,
                 execution_id=str(other.execution_id), by=str(due.execution_id))
         return records
@@ -241,28 +270,20 @@ class DispatcherService:
             return
         self.policy.observe(event, msg.partition())
 
-    def _remember(self, key: tuple[UUID, int]) -> None:
-        self._seen[key] = None
-        if len(self._seen) > SEEN_LIMIT:
-            self._seen.popitem(last=False)
-
     def _rewind(self, partitions: list[tuple[str, int]]) -> None:
         """Seek the given partitions back to their committed offsets."""
         assert self._consumer is not None
         consumer = self._consumer.consumer
         committed = consumer.committed([TopicPartition(t, p) for t, p in partitions], 10.0)
         for tp in committed:
-            tp.offset = tp.offset if tp.offset >= 0 else -2
+            tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             try:
                 consumer.seek(tp)
             except KafkaException as exc:
                 log(logger, "rewind_failed", logging.WARNING, topic=tp.topic,
                     partition=tp.partition, error=str(exc))
 
-    # -- assignment: the policy state of the assigned partitions ---------------------------
-
-    def _assigned_partitions(self) -> set[int]:
-        return set(self._owned)
+    # -- assignment: the state of the assigned partitions ---------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._owned = {tp.partition for tp in partitions if tp.topic == self.topics.job_due}
@@ -271,21 +292,32 @@ class DispatcherService:
         consumer.assign(partitions)
         self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions),
-            tracked_jobs=len(self.policy.jobs))
+            tracked_jobs=len(self.policy.jobs), remembered_dues=len(self.seen))
 
     async def _load_state(self, partitions: set[int]) -> None:
         """Read `dispatcher-state` for the owned partitions (to its end)."""
         self.policy = PolicyState()
+        self.seen = SeenDues()
         if not partitions:
             return
         reader = ConsumerThread(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
                                 "dispatcher-state")
+        now_ms = time.time_ns() // 1_000_000
 
         def load(messages: list[Message]) -> None:
             for m in messages:
-                key = m.key()
-                if key:
-                    self.policy.load(position(m)[1], m.value(), key.decode())
+                key = (m.key() or b"").decode("utf-8", "replace")
+                if not key:
+                    continue
+                partition = position(m)[1]
+                if key.startswith(KEY_PREFIX):
+                    self.seen.load(key, m.value(), partition, now_ms)
+                    continue
+                try:
+                    self.policy.load(partition, m.value(), key)
+                except ValueError as exc:  # a record we cannot read is forgotten, not fatal
+                    log(logger, "state_record_skipped", logging.WARNING, key=key[:200],
+                        error=str(exc)[:300])
 
         try:
             await read_to_end(reader, [TopicPartition(self.topics.dispatcher_state, p)
@@ -297,6 +329,7 @@ class DispatcherService:
         # Each batch is committed before the next consume(), so nothing is in flight here.
         self._owned = set()
         self.policy = PolicyState()
+        self.seen = SeenDues()
         self.health.set("assignment", False, "rebalancing")
         consumer.unassign()
         log(logger, "partitions_revoked", count=len(partitions))

@@ -12,6 +12,11 @@ or a failover):
 - SKIP: fire nothing for the missed instants, continue after now.
 A fire late by less than the grace is simply fired.
 
+A job whose definition cannot be computed — it does not validate, or a computation on it
+raises — is suspended (no next fire; `suspensions` tells the leader, which raises an
+alert), and the rest keep firing: one record never stops the leader. A new definition of
+the job lifts the suspension.
+
 Hot path: a fire's JobDue and state records are rendered straight to JSON from cached
 per-job fragments (`render_due`, `render_state`) — byte for byte what the pydantic
 models would produce (a unit test holds them to it) at a fraction of the cost.
@@ -31,6 +36,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from cronstream.shared.codec import describe
 from cronstream.shared.dag import dag_problem
 from cronstream.shared.ids import fast_uuid5, idempotency_key, wire_time_ms
 from cronstream.shared.logs import log
@@ -148,6 +154,9 @@ class Clock:
         # Reverse DAG index (upstream -> dependents); None until a DAG check needs it.
         self._dependents: dict[str, set[str]] | None = None
         self._upstreams: dict[str, tuple[str, ...]] = {}
+        # Jobs suspended because they cannot be computed: job_id -> (offset, reason).
+        self.suspended: dict[str, tuple[int, str]] = {}
+        self.suspensions: list[tuple[str, int, str]] = []  # new ones, for the leader to report
 
     # -- takeover -------------------------------------------------------------------
 
@@ -204,17 +213,26 @@ class Clock:
         """Set the job's next fire from its definition. A definition that does not
         validate suspends the job (no next fire) until a valid one replaces it."""
         job.next_fire_ms = None
+        self.suspended.pop(job.job_id, None)
         try:
             definition = job.definition
-        except ValidationError as exc:
-            log(logger, "definition_invalid_job_suspended", logging.WARNING, job_id=job.job_id,
-                offset=job.offset, error=str(exc.errors(include_url=False)[:1]))
-            return
-        if not definition.enabled or definition.type == "DEPENDENT":
-            return
-        last = None if job.last_fire_ms is None else from_ms(job.last_fire_ms)
-        fire = first_fire(definition, from_ms(job.observed_ms), last)
-        job.next_fire_ms = None if fire is None else to_ms(fire)
+            if not definition.enabled or definition.type == "DEPENDENT":
+                return
+            last = None if job.last_fire_ms is None else from_ms(job.last_fire_ms)
+            fire = first_fire(definition, from_ms(job.observed_ms), last)
+            job.next_fire_ms = None if fire is None else to_ms(fire)
+        except Exception as exc:
+            self._suspend(job, exc)
+
+    def _suspend(self, job: JobClock, exc: Exception) -> None:
+        job.next_fire_ms = None
+        reason = (describe(exc) if isinstance(exc, ValidationError)
+                  else f"{type(exc).__name__}: {str(exc)[:300]}")
+        if self.suspended.get(job.job_id) != (job.offset, reason):
+            self.suspended[job.job_id] = (job.offset, reason)
+            self.suspensions.append((job.job_id, job.offset, reason))
+            log(logger, "job_suspended", logging.WARNING, job_id=job.job_id, offset=job.offset,
+                reason=reason)
 
     @staticmethod
     def _state_change(job: JobClock) -> StateChange:
@@ -230,6 +248,7 @@ class Clock:
         """A new, updated or deleted (None) definition; takes effect at its next fire.
         An invalid one (`raw` given, `definition` None) suspends the job."""
         self._unlink(job_id)
+        self.suspended.pop(job_id, None)
         if raw is None:
             self.jobs.pop(job_id, None)
             return StateChange(job_id, None)
@@ -260,7 +279,7 @@ class Clock:
                 return None
             try:
                 found = job.definition
-            except ValidationError:
+            except Exception:  # an invalid definition takes no part in any DAG
                 return None
             return found.type, list(found.depends_on)
 
@@ -274,7 +293,7 @@ class Clock:
             for job in self.jobs.values():
                 if job._definition is None and b"DEPENDENT" not in job.raw:
                     continue
-                with contextlib.suppress(ValidationError):
+                with contextlib.suppress(Exception):
                     self._link(job.job_id, job.definition)
         return sorted(self._dependents.get(job_id, ()))
 
@@ -343,12 +362,17 @@ class Clock:
         return plan
 
     def _plan_job(self, job: JobClock, now_ms: int, plan: FirePlan, limit: int) -> None:
-        assert job.next_fire_ms is not None
         try:
-            definition = job.definition
-        except ValidationError:  # cannot happen for a job with a next fire; be safe
+            self._plan_fires(job, now_ms, plan, limit)
+        except Exception as exc:  # one job that cannot be computed never stops the others
+            self._suspend(job, exc)
             plan._updates.append((job.job_id, None, job.last_fire_ms))
-            return
+            plan.states.append(StateChange(
+                job.job_id, render_state(job.job_id, job.offset, None, job.last_fire_ms), None))
+
+    def _plan_fires(self, job: JobClock, now_ms: int, plan: FirePlan, limit: int) -> None:
+        assert job.next_fire_ms is not None
+        definition = job.definition
         due_ms = job.next_fire_ms
         late = (now_ms - due_ms) / 1000 > definition.misfire_grace_seconds
         fires: list[int] = []
@@ -371,7 +395,8 @@ class Clock:
         if late:
             log(logger, "misfire", logging.WARNING, job_id=job.job_id,
                 policy=definition.misfire_policy, due_ms=due_ms, fired=len(fires))
-        plan.dues.extend(render_due(job, fire) for fire in fires)
+        rendered = [render_due(job, fire) for fire in fires]  # may raise: nothing added yet
+        plan.dues.extend(rendered)
         last_ms = fires[-1] if fires else job.last_fire_ms
         plan._updates.append((job.job_id, following, last_ms))
         plan.states.append(StateChange(

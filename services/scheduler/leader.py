@@ -24,23 +24,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid5
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.ids import NAMESPACE
+from cronstream.shared.inbound import dead_letter
 from cronstream.shared.kafka import (
+    OFFSET_BEGINNING,
     ConsumerThread,
     OutRecord,
-    ProducerFenced,
-    TransactionalProducer,
-    dead_letter,
     log_consumer_error,
     position,
     producer_config,
@@ -49,7 +46,8 @@ from cronstream.shared.kafka import (
     record_time_ms,
 )
 from cronstream.shared.logs import log
-from cronstream.shared.records import JobDefinition, RetryRequest
+from cronstream.shared.producers import ProducerFenced, TransactionalProducer
+from cronstream.shared.records import Alert, JobDefinition, RetryRequest, now_utc
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import new_traceparent, trace_headers
 
@@ -86,7 +84,6 @@ class Leader:
         self._state_loaded = asyncio.Event()
         self._wake = asyncio.Event()
         self._txn_lock = asyncio.Lock()
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-txn")
         self._producer: TransactionalProducer | None = None
         self._retries_reader: ConsumerThread | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,8 +110,7 @@ class Leader:
             await self._retries_reader.close()
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            await asyncio.get_running_loop().run_in_executor(self._io, producer.close)
-        self._io.shutdown(wait=True)
+            await producer.close()
 
     @property
     def active(self) -> bool:
@@ -168,16 +164,13 @@ class Leader:
             self.failed = exc
             logger.exception("leader failed", extra={"action": "leader_failed"})
 
-    async def _io_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
-
     async def _take_over(self) -> None:
         started = time.monotonic()
         tid = f"{self.topics.prefix}scheduler-leader"
         self._producer = TransactionalProducer(
             producer_config(self.settings, f"scheduler-{self.instance}", transactional_id=tid)
         )
-        await self._io_call(self._producer.init)
+        await self._producer.init()
         log(logger, "leader_fenced_predecessor", instance=self.instance, transactional_id=tid)
 
         def load_state(messages: list[Message]) -> None:
@@ -226,6 +219,7 @@ class Leader:
                 records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
         self._unprocessed.clear()
         records += [self._state_record(c) for c in self.clock.reconcile()]
+        records += self._suspension_alerts()
         records += self._pending_fixes
         self._pending_fixes = []
         offsets = [TopicPartition(tp.topic, 0, last_offset + 1)] if last_offset >= 0 else None
@@ -243,7 +237,7 @@ class Leader:
         consumer = self.election.consumer
         consumer.pause([tp])
         try:
-            consumer.seek(TopicPartition(tp.topic, 0, -2))  # -2: OFFSET_BEGINNING
+            consumer.seek(TopicPartition(tp.topic, 0, OFFSET_BEGINNING))
         except KafkaException as exc:
             # Not fetching yet (first term): the assignment already starts at 0.
             log(logger, "definitions_rewind_skipped", logging.DEBUG, error=str(exc))
@@ -304,30 +298,39 @@ class Leader:
         records: list[OutRecord] = []
         for msg in msgs:
             try:
-                job_id = decode_key(msg.key())
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-                continue
-            value = msg.value()
-            definition = None
-            if value is not None:
-                try:
-                    definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
-                    problem = self.clock.dag_problem(definition)
-                    if problem is not None:
-                        definition = None
-                        raise DecodeError(f"invalid DAG: {problem}")
-                except DecodeError as exc:
-                    records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-            change = self.clock.apply_definition(
-                job_id, definition, value, msg.offset(), record_time_ms(msg))
-            records.append(self._state_record(change))
-            log(logger, "definition_applied" if value is not None else "definition_deleted",
-                logging.DEBUG if len(msgs) > 10 else logging.INFO,
-                job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,
-                next_fire_ms=change.next_fire_ms)
+                records += self._definition_record(msg, len(msgs) > 10)
+            except Exception as exc:  # one record never stops the leader
+                records.append(dead_letter(self.topics, msg, f"{type(exc).__name__}: {exc}", SERVICE))
         if len(msgs) > 10:
             log(logger, "definitions_applied", count=len(msgs), last_offset=msgs[-1].offset())
+        return records
+
+    def _definition_record(self, msg: Message, quiet: bool) -> list[OutRecord]:
+        """The records one definition turns into: its state, or a dead letter (an invalid
+        definition suspends its job until a valid one replaces it)."""
+        records: list[OutRecord] = []
+        try:
+            job_id = decode_key(msg.key())
+        except DecodeError as exc:
+            return [dead_letter(self.topics, msg, str(exc), SERVICE)]
+        value = msg.value()
+        definition = None
+        if value is not None:
+            try:
+                definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
+                problem = self.clock.dag_problem(definition)
+                if problem is not None:
+                    definition = None
+                    raise DecodeError(f"invalid DAG: {problem}")
+            except DecodeError as exc:
+                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+        change = self.clock.apply_definition(
+            job_id, definition, value, msg.offset(), record_time_ms(msg))
+        records.append(self._state_record(change))
+        log(logger, "definition_applied" if value is not None else "definition_deleted",
+            logging.DEBUG if quiet else logging.INFO,
+            job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,
+            next_fire_ms=change.next_fire_ms)
         return records
 
     async def _round(self, now_ms: int) -> None:
@@ -345,6 +348,7 @@ class Leader:
                 offsets = [TopicPartition(self.topics.job_definitions, 0, position(defs[-1])[2] + 1)]
             plan = self.clock.plan(now_ms, FIRE_LIMIT)
             records += self._plan_records(plan)
+            records += self._suspension_alerts()
             planned_ms = time_ms()
             try:
                 await self._commit(records, offsets)
@@ -379,6 +383,23 @@ class Leader:
         records += [OutRecord(self.topics.retries, str(k).encode(), None) for k in plan.fired_retries]
         return records
 
+    def _suspension_alerts(self) -> list[OutRecord]:
+        """An alert for each job the clock suspended since the last call (at least once:
+        the alert id is deterministic per job and definition offset)."""
+        found, self.clock.suspensions = self.clock.suspensions, []
+        metrics.SCHEDULER_SUSPENDED.set(len(self.clock.suspended))
+        records = []
+        for job_id, offset, reason in found:
+            now = now_utc()
+            alert = Alert(
+                alert_id=uuid5(NAMESPACE, f"alert|JOB_SUSPENDED|{job_id}|{offset}"),
+                kind="JOB_SUSPENDED", severity="error", job_id=job_id,
+                summary=f"job {job_id} is suspended: its definition cannot be scheduled",
+                error_message=reason[:2000], evidence={"definition_offset": offset},
+                occurred_at=now, raised_at=now)
+            records.append(OutRecord(self.topics.alerts, alert.key, alert.to_json()))
+        return records
+
     def _state_record(self, change: StateChange) -> OutRecord:
         return OutRecord(self.topics.scheduler_state, change.job_id.encode(), change.value)
 
@@ -386,8 +407,7 @@ class Leader:
         if not records and not offsets:
             return
         assert self._producer is not None
-        await self._io_call(
-            partial(self._producer.commit_records, records, offsets, self._group_metadata))
+        await self._producer.commit(records, offsets, self._group_metadata)
 
     def _group_metadata(self) -> Any:
         return self.election.consumer.consumer_group_metadata()

@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 CANCEL_GRACE_SECONDS = 5.0
 BUILTINS = "cronstream.services.worker.builtins"
+FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
 
 
 # -- the child side ----------------------------------------------------------------------
@@ -58,7 +59,9 @@ BUILTINS = "cronstream.services.worker.builtins"
 
 def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
     """Entry point of a pool process: import the handler modules, then run executions."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Signals to the process group are the worker's to handle (forkserver_signals.py).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # die with the worker (Linux)
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -220,7 +223,7 @@ class PoolRunner:
         self.imports = list(imports)
         self.allow_shell = allow_shell
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload([BUILTINS, *self.imports])
+        self._ctx.set_forkserver_preload([FORKSERVER_SIGNALS, BUILTINS, *self.imports])
         self._idle: asyncio.Queue[Child] = asyncio.Queue()
         self._children: list[Child] = []
         self._closing = False

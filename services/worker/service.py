@@ -10,6 +10,14 @@ The poll loop never blocks on a handler. Each turn it:
 4. only then starts the handlers. An aborted transaction starts nothing: the consumer
    rewinds and the records are read again (by this worker or the partition's next
    owner), so an execution is RUNNING on at most one worker per delivery.
+
+A transaction that hangs (a broker restart: shared/producers.py) is given up after its
+deadline and its producer replaced, which settles it. Whether it committed is then read
+back: if the group's committed offsets moved past the batch and no rebalance happened in
+between, it did, and the starts go ahead; otherwise nothing starts and the records are
+read again. (Should the rare ambiguous case — a rebalance in the middle — leave an
+execution RUNNING that nobody runs, the monitor re-queues it: it is missing from this
+worker's heartbeats.)
 """
 
 from __future__ import annotations
@@ -17,52 +25,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import socket
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections import deque
 from functools import partial
 from typing import Any, Protocol
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from cronstream.services.worker.commands import Cancellations
+from cronstream.services.worker.executions import (
+    Finished,
+    Reporter,
+    Running,
+    count_finished,
+    count_started,
+)
+from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
-from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.health import Health
+from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import (
+    OFFSET_BEGINNING,
     ConsumerThread,
-    IdempotentProducer,
     OutRecord,
-    ProducerFenced,
-    TransactionAborted,
-    TransactionalProducer,
     consumer_config,
-    dead_letter,
     ensure_topics,
-    log_consumer_error,
-    position,
     producer_config,
     read_to_end,
     reader_config,
 )
-from cronstream.shared.lifecycle import wait_or_stop
+from cronstream.shared.lifecycle import supervise
 from cronstream.shared.logs import log
-from cronstream.shared.records import (
-    PRIORITIES,
-    Command,
-    ExecutionEvent,
-    ExecutionStatus,
-    Heartbeat,
-    JobDue,
-    now_utc,
+from cronstream.shared.producers import (
+    IdempotentProducer,
+    ProducerFenced,
+    TransactionAborted,
+    TransactionalProducer,
+    TransactionOutcomeUnknown,
 )
-from cronstream.shared.retry import attempts_left, next_attempt
+from cronstream.shared.records import PRIORITIES, JobDue, WorkerStatus, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import child_traceparent, trace_headers, trace_id, traceparent_of
+from cronstream.shared.telemetry import child_traceparent, traceparent_of
 
 logger = logging.getLogger(__name__)
 
@@ -71,39 +76,12 @@ PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
 PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the first start
 
 
-CANCELLED_MEMORY = 100_000  # cancelled execution ids remembered
-
-
 class Runner(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal) -> Outcome: ...
-
-
-@dataclass
-class Running:
-    due: JobDue
-    traceparent: str
-    started_at: datetime
-    cancel: CancelSignal = field(default_factory=CancelSignal)
-    task: asyncio.Task[None] | None = None
-    last_progress: float = 0.0
-
-
-@dataclass
-class Finished:
-    running: Running
-    outcome: Outcome
-    completed_at: datetime
-    status: str = ""  # the status reported (set when its records are built)
-
-
-def _exemplar(run: Running) -> dict[str, str] | None:
-    """The execution's trace id, attached to its histogram sample (docs/metrics.md)."""
-    trace = trace_id(run.traceparent)
-    return {"trace_id": trace} if trace else None
 
 
 class WorkerService:
@@ -117,8 +95,13 @@ class WorkerService:
         self.capacity = settings.worker_concurrency
         self.runner = runner
         self.health = Health(self.name)
-        self.health.require("assignment")
-        self.status = "ACTIVE"
+        self.health.require("kafka", "assignment")
+        # SIGTERM drains: the shutdown watchdog allows for the drain grace.
+        self.shutdown_seconds = settings.worker_drain_grace_seconds + 20
+        self.inbound = Inbound(SERVICE, self.topics)
+        self.reporter = Reporter(self.topics, self.worker_id)
+        self.cancellations = Cancellations(self._cancel_running)
+        self.status: WorkerStatus = "ACTIVE"
         self.running: dict[UUID, Running] = {}
         self._finished: list[Finished] = []
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
@@ -129,36 +112,32 @@ class WorkerService:
         self._buffer_limit = max(1000, 4 * self.capacity)
         self._paused = False
         self._fill_until = 0.0
-        self._rng = random.Random()
-        # Cancelled execution ids (from `commands`), for those not started yet.
-        self._cancelled: OrderedDict[UUID, tuple[str, str | None]] = OrderedDict()
+        self._assignments = 0  # bumped by every rebalance callback
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
-        self._hb: IdempotentProducer | None = None
+        self._heartbeats: Heartbeats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._io: Any = None
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-txn")
-        work_topics = self.topics.work_topics(self.queues)
+        self._loop = asyncio.get_running_loop()
         for priority in PRIORITIES:
             for queue in self.queues:
                 self._tier_of[self.topics.work(priority, queue)] = priority
-        await loop.run_in_executor(None, ensure_topics, self.settings,
-                                   self.topics.work_specs(self.queues))
+        await self._loop.run_in_executor(None, ensure_topics, self.settings,
+                                         self.topics.work_specs(self.queues))
         await self.runner.start()
         metrics.WORKER_SLOTS.set(self.capacity)
+        # Stable per worker id: a restart fences and settles its predecessor's transaction,
+        # and the monitor fences a worker it declares dead (docs/decisions/0008).
         tid = f"{self.topics.prefix}worker-{self.worker_id}"
         self._producer = TransactionalProducer(
             producer_config(self.settings, f"worker-{self.worker_id}", transactional_id=tid))
-        await loop.run_in_executor(self._io, self._producer.init)
-        self._hb = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
+        beats = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
+        self._heartbeats = Heartbeats(beats, self.topics, self.worker_id, capacity=self.capacity,
+                                      queues=self.queues, running=lambda: list(self.running))
         conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
@@ -168,36 +147,48 @@ class WorkerService:
         )
         commands = ConsumerThread(reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
                                   "commands")
-        # Known cancellations first, so that nothing cancelled before this start runs.
-        await read_to_end(commands, [TopicPartition(self.topics.commands, 0)], self._on_commands)
-        command_task = asyncio.create_task(self._command_loop(commands, stopping))
         consumer = self._consumer = ConsumerThread(conf, "worker")
-        await consumer.call(lambda: consumer.consumer.subscribe(
-            work_topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-            on_lost=self._on_revoke))
         beating = asyncio.Event()  # set when the heartbeats may stop (after the drain)
-        heartbeats = asyncio.create_task(self._heartbeat_loop(beating))
-        log(logger, "worker_started", worker_id=self.worker_id, queues=",".join(self.queues),
-            capacity=self.capacity)
+        tasks: list[asyncio.Task[None]] = []
         try:
+            await self._producer.init()
+            # Known cancellations first, so that nothing cancelled before this start runs.
+            await read_to_end(commands, [TopicPartition(self.topics.commands, 0)],
+                              self.cancellations.feed)
+            self.health.set("kafka", True)
+            tasks = [
+                asyncio.create_task(supervise("commands", partial(self._command_loop, commands, stopping),
+                                              self.health, stopping)),
+                asyncio.create_task(supervise(
+                    "heartbeats", partial(self._heartbeats.loop, lambda: self.status,
+                                          self.settings.heartbeat_interval_seconds, beating),
+                    self.health, stopping)),
+            ]
+            await consumer.call(lambda: consumer.consumer.subscribe(
+                self.topics.work_topics(self.queues), on_assign=self._on_assign,
+                on_revoke=self._on_revoke, on_lost=self._on_revoke))
+            log(logger, "worker_started", worker_id=self.worker_id, queues=",".join(self.queues),
+                capacity=self.capacity)
             await self._poll_loop(stopping)
             await self._drain()
+        except ProducerFenced:
+            # Another process took our worker id, or the monitor declared us dead and gave our
+            # executions to others: whatever still runs here is not ours to report any more.
+            log(logger, "worker_fenced", logging.ERROR, worker_id=self.worker_id,
+                running=len(self.running), hint="restart with a fresh state")
+            raise
         finally:
             beating.set()
-            heartbeats.cancel()
-            command_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await command_task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await commands.close()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeats
-            await self._send_heartbeat("OFFLINE")
+            await self._heartbeats.last("OFFLINE")
             await consumer.close()
             await self.runner.close()
-            await loop.run_in_executor(self._io, self._producer.close)
-            self._io.shutdown(wait=True)
-            if self._hb is not None:
-                await loop.run_in_executor(None, self._hb.flush, 5.0)
+            await self._producer.close()
 
     # -- the poll loop --------------------------------------------------------------
 
@@ -215,12 +206,8 @@ class WorkerService:
             busy = self.running or self._finished or self._buffered()
             timeout = 0.0 if self._finished else (0.02 if busy else 0.1)
             messages = await self._consumer.consume(max(1, room), timeout)
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    log_consumer_error("worker", err)
-                    continue
-                self._buffer[self._tier_of.get(msg.topic(), "low")].append(msg)
+            for msg in self.inbound.batch(messages).records:
+                self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
             await self._turn(starting=True)
             if not messages and not self._finished and not self._events:
                 # Nothing arrived: wait briefly for a handler to finish instead of spinning.
@@ -244,8 +231,8 @@ class WorkerService:
     async def _turn(self, starting: bool) -> None:
         """One transaction: new starts (with offsets), finished executions, progress."""
         starts: list[Running] = []
+        batch = self.inbound.batch([])
         records: list[OutRecord] = []
-        offsets: dict[tuple[str, int], int] = {}
         # A slot frees when its handler returns, not when its report commits: the report
         # and the next start share this transaction.
         busy = len(self.running) - len(self._finished)
@@ -256,62 +243,39 @@ class WorkerService:
             msg = self._next_buffered()
             if msg is None:
                 break
-            topic, partition, offset = position(msg)
-            offsets[(topic, partition)] = offset + 1
-            try:
-                due = decode(JobDue, msg.value(), key=msg.key(), key_field="job_id")
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-                continue
-            if due.execution_id in self.running:
-                continue  # a redelivery of what already runs here
-            parent = traceparent_of(msg.headers())
-            run = Running(due, child_traceparent(parent), now_utc())
-            cancelled = self._cancelled.get(due.execution_id)
+            batch.records.append(msg)
+            batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
+            due = batch.decode(JobDue, msg, key_field="job_id")
+            if due is None or due.execution_id in self.running:
+                continue  # dead-lettered, or a redelivery of what already runs here
+            run = Running(due, child_traceparent(traceparent_of(msg.headers())), now_utc())
+            cancelled = self.cancellations.get(due.execution_id)
             if cancelled is not None:
-                reason, by = cancelled
-                records.append(self._event(run, "CANCELLED", completed_at=run.started_at,
-                                           error_message=f"cancelled before it started: {reason}",
-                                           cancelled_by=by, priority=due.job.priority,
-                                           queue=due.job.queue))
+                records.append(self.reporter.cancelled_before_start(run, *cancelled))
                 continue
             starts.append(run)
-            records.append(self._event(run, "RUNNING"))
+            records.append(self.reporter.event(run, "RUNNING"))
+        records.extend(batch.dead)
         finished, self._finished = self._finished, []
         for done in finished:
-            records.extend(self._finish_records(done))
+            records.extend(self.reporter.finished(done))
         progress, self._events = self._events, []
         records.extend(progress)
-        if not records and not offsets:
+        if not records and not batch.next_offsets:
             return
-        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        try:
-            await self._commit(records, tps)
-        except (TransactionAborted, KafkaException) as exc:
-            log(logger, "worker_transaction_aborted", logging.WARNING, error=str(exc))
+        if not await self._commit(records, batch.offsets()):
             self._finished = finished + self._finished  # report them in the next turn
             await self._rewind()
             return
         for done in finished:
             self.running.pop(done.running.due.execution_id, None)
+            count_finished(done)
         for run in starts:
             self.running[run.due.execution_id] = run
             run.task = asyncio.create_task(self._execute(run))
-            job = run.due.job
-            metrics.START_LAG.labels(queue=job.queue, priority=job.priority).observe(
-                max(0.0, (run.started_at - run.due.scheduled_at).total_seconds()),
-                _exemplar(run))
-        for done in finished:
-            self._count_finished(done)
+            count_started(run)
         metrics.WORKER_SLOTS_BUSY.set(len(self.running))
         metrics.WORKER_BUFFERED.set(self._buffered())
-
-    def _count_finished(self, done: Finished) -> None:
-        job, status = done.running.due.job, done.status
-        metrics.WORKER_EXECUTIONS.labels(status=status, queue=job.queue, priority=job.priority).inc()
-        metrics.EXECUTION_DURATION.labels(queue=job.queue, priority=job.priority, status=status).observe(
-            max(0.0, (done.completed_at - done.running.started_at).total_seconds()),
-            _exemplar(done.running))
 
     def _next_buffered(self) -> Message | None:
         for priority in PRIORITIES:
@@ -319,19 +283,36 @@ class WorkerService:
                 return self._buffer[priority].popleft()
         return None
 
-    async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> None:
+    async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> bool:
+        """Commit one turn; whether it committed (read back when the outcome is unknown)."""
         assert self._producer is not None and self._consumer is not None
-        loop = asyncio.get_running_loop()
+        assignments = self._assignments
         try:
-            await loop.run_in_executor(
-                self._io,
-                partial(self._producer.commit_records, records, offsets or None,
-                        self._consumer.consumer.consumer_group_metadata),
-            )
-        except ProducerFenced:
-            # Another process runs with our worker id: it owns our executions now.
-            log(logger, "worker_fenced", logging.ERROR, worker_id=self.worker_id)
-            raise
+            await self._producer.commit(records, offsets or None,
+                                        self._consumer.consumer.consumer_group_metadata)
+            return True
+        except TransactionOutcomeUnknown as exc:
+            committed = await self._committed_through(offsets) and assignments == self._assignments
+            log(logger, "worker_transaction_settled", logging.WARNING, error=str(exc),
+                committed=committed)
+            return committed
+        except TransactionAborted as exc:
+            log(logger, "worker_transaction_aborted", logging.WARNING, error=str(exc))
+            return False
+
+    async def _committed_through(self, offsets: list[TopicPartition]) -> bool:
+        """Whether the group's committed offsets reach `offsets` (read from the broker)."""
+        if not offsets:
+            return False  # nothing to tell by: report the rest again (ids dedupe)
+        assert self._consumer is not None
+        consumer = self._consumer.consumer
+        try:
+            committed = await self._consumer.call(
+                consumer.committed, [TopicPartition(t.topic, t.partition) for t in offsets], 10.0)
+        except KafkaException:
+            return False
+        wanted = {(t.topic, t.partition): t.offset for t in offsets}
+        return all(c.offset >= wanted[(c.topic, c.partition)] for c in committed)
 
     async def _rewind(self) -> None:
         """Drop the buffer and seek every assigned partition back to its committed offset."""
@@ -345,7 +326,7 @@ class WorkerService:
             if not assignment:
                 return
             for tp in consumer.committed(assignment, 10.0):
-                tp.offset = tp.offset if tp.offset >= 0 else -2
+                tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 with contextlib.suppress(KafkaException):
                     consumer.seek(tp)
 
@@ -374,61 +355,18 @@ class WorkerService:
         if percent < 100 and now - run.last_progress < PROGRESS_INTERVAL:
             return
         run.last_progress = now
-        self._events.append(self._event(run, "PROGRESS", progress=percent,
-                                        progress_message=message))
+        self._events.append(self.reporter.event(run, "PROGRESS", progress=percent,
+                                                progress_message=message))
         self._wake.set()
-
-    def _finish_records(self, done: Finished) -> list[OutRecord]:
-        run, outcome = done.running, done.outcome
-        status: ExecutionStatus = outcome.status
-        records: list[OutRecord] = []
-        if outcome.retryable and not attempts_left(run.due):
-            status = "PERMANENTLY_FAILED"
-        elif outcome.retryable:
-            retry = next_attempt(run.due, done.completed_at, self._rng)
-            records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
-                                     retry.to_json(), trace_headers(run.traceparent)))
-        error = outcome.error
-        if status == "CANCELLED" and run.cancel.reason:
-            error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"
-        done.status = status
-        records.insert(0, self._event(
-            run, status, completed_at=done.completed_at, error_message=error,
-            result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
-            priority=run.due.job.priority, queue=run.due.job.queue,
-            cancelled_by=run.cancel.by if status == "CANCELLED" else None,
-        ))
-        log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
-            job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
-            attempt=run.due.attempt_number, error=error)
-        return records
-
-    def _event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
-        due = run.due
-        event = ExecutionEvent(
-            event_id=uuid4(),
-            execution_id=due.execution_id,
-            job_id=due.job_id,
-            run_id=due.run_id,
-            status=status,
-            attempt_number=due.attempt_number,
-            scheduled_at=due.scheduled_at,
-            occurred_at=now_utc(),
-            delivery=due.delivery,
-            worker_id=self.worker_id,
-            started_at=run.started_at,
-            **fields,
-        )
-        return OutRecord(self.topics.execution_events, due.job_id.encode(), event.to_json(),
-                         trace_headers(run.traceparent))
 
     # -- drain ----------------------------------------------------------------------
 
     async def _drain(self) -> None:
         """SIGTERM: take nothing new, let running executions finish within the grace
         period, re-queue what is still running, then report OFFLINE."""
+        assert self._heartbeats is not None
         self.status = "DRAINING"
-        await self._send_heartbeat("DRAINING")
+        await self._heartbeats.last("DRAINING")
         await self._set_paused(True)
         for q in self._buffer.values():
             q.clear()  # not committed: the partitions' next owner reads them again
@@ -450,13 +388,11 @@ class WorkerService:
         records: list[OutRecord] = []
         for run in list(self.running.values()):
             run.cancel.set("worker drained")
-            due = run.due.model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
-            records.append(self._event(run, "REQUEUED", error_message="worker drained"))
-            records.append(OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
-                                     trace_headers(run.traceparent)))
-            log(logger, "execution_requeued", job_id=due.job_id,
-                execution_id=str(due.execution_id), delivery=due.delivery, reason="drain")
-        await self._commit(records, [])
+            records.extend(self.reporter.requeued(run, "worker drained"))
+        if not await self._commit(records, []):
+            # Not written: they stay RUNNING under this worker, which is about to go OFFLINE
+            # (or silent); the monitor re-queues them.
+            log(logger, "drain_requeue_not_committed", logging.WARNING, executions=len(records) // 2)
         tasks = [run.task for run in self.running.values() if run.task is not None]
         for task in tasks:
             task.cancel()  # the pool kills their processes
@@ -467,54 +403,20 @@ class WorkerService:
 
     async def _command_loop(self, commands: ConsumerThread, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            messages = await commands.consume(100, 0.2)
-            self._on_commands([m for m in messages if m.error() is None])
+            self.cancellations.feed(await commands.consume(100, 0.2))
 
-    def _on_commands(self, messages: list[Message]) -> None:
-        for msg in messages:
-            try:
-                command = Command.model_validate_json(msg.value() or b"")
-            except ValueError:
-                continue  # the commands topic is dead-lettered by the monitor
-            if command.command != "CANCEL":
-                continue
-            reason = command.reason or "cancelled"
-            self._cancelled[command.execution_id] = (reason, command.issued_by)
-            if len(self._cancelled) > CANCELLED_MEMORY:
-                self._cancelled.popitem(last=False)
-            run = self.running.get(command.execution_id)
-            if run is not None:
-                log(logger, "execution_cancel_requested", job_id=run.due.job_id,
-                    execution_id=str(command.execution_id), reason=reason)
-                run.cancel.set(reason, command.issued_by)
+    def _cancel_running(self, execution_id: UUID, reason: str, by: str | None) -> bool:
+        run = self.running.get(execution_id)
+        if run is None:
+            return False
+        run.cancel.set(reason, by)
+        return True
 
-    # -- heartbeats -----------------------------------------------------------------
-
-    async def _heartbeat_loop(self, done: asyncio.Event) -> None:
-        while not await wait_or_stop(done, 0):
-            await self._send_heartbeat(self.status)
-            await wait_or_stop(done, self.settings.heartbeat_interval_seconds)
-
-    async def _send_heartbeat(self, status: str) -> None:
-        if self._hb is None:
-            return
-        beat = Heartbeat(
-            worker_id=self.worker_id,
-            hostname=socket.gethostname(),
-            status=status,  # type: ignore[arg-type]
-            sent_at=now_utc(),
-            running=list(self.running),
-            capacity=self.capacity,
-            queues=self.queues,
-        )
-        self._hb.produce(OutRecord(self.topics.heartbeats, self.worker_id.encode(), beat.to_json()))
-        if status == "OFFLINE":
-            await asyncio.get_running_loop().run_in_executor(None, self._hb.flush, 5.0)
-
-    # -- rebalance callbacks (consumer thread) ----------------------------------------
+    # -- rebalance callbacks (consumer lane) ------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
+        self._assignments += 1
         self.health.set("assignment", True)
         if self._paused and partitions:
             consumer.pause(partitions)
@@ -524,6 +426,7 @@ class WorkerService:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log(logger, "partitions_revoked", count=len(partitions))
+        self._assignments += 1
         self.health.set("assignment", False, "rebalancing")
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._loop is not None:

@@ -1,0 +1,124 @@
+"""What a worker knows about the executions it runs, and the records they produce.
+
+Every lifecycle event a worker writes is built here (`ExecutionEvent.for_due` does the
+common part), so RUNNING, PROGRESS, the terminal events, REQUEUED after a drain and the
+RetryRequest of a failure all agree on ids, delivery, worker and trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cronstream.services.worker.runner import CancelSignal, Outcome
+from cronstream.shared import metrics
+from cronstream.shared.kafka import OutRecord
+from cronstream.shared.logs import log
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue
+from cronstream.shared.retry import attempts_left, next_attempt
+from cronstream.shared.telemetry import trace_headers, trace_id
+from cronstream.shared.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    due: JobDue
+    traceparent: str
+    started_at: datetime
+    cancel: CancelSignal = field(default_factory=CancelSignal)
+    task: asyncio.Task[None] | None = None
+    last_progress: float = 0.0
+
+    @property
+    def exemplar(self) -> dict[str, str] | None:
+        """The execution's trace id, attached to its histogram samples (docs/metrics.md)."""
+        trace = trace_id(self.traceparent)
+        return {"trace_id": trace} if trace else None
+
+
+@dataclass
+class Finished:
+    running: Running
+    outcome: Outcome
+    completed_at: datetime
+    status: str = ""  # the status reported (set when its records are built)
+
+
+class Reporter:
+    """Builds the records of one worker's executions."""
+
+    def __init__(self, topics: Topics, worker_id: str) -> None:
+        self.topics = topics
+        self.worker_id = worker_id
+        self._rng = random.Random()
+
+    def event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
+        event = ExecutionEvent.for_due(run.due, status, worker_id=self.worker_id,
+                                       started_at=run.started_at, **fields)
+        return OutRecord(self.topics.execution_events, run.due.job_id.encode(), event.to_json(),
+                         trace_headers(run.traceparent))
+
+    def cancelled_before_start(self, run: Running, reason: str, by: str | None) -> OutRecord:
+        due = run.due
+        return self.event(run, "CANCELLED", completed_at=run.started_at,
+                          error_message=f"cancelled before it started: {reason}",
+                          cancelled_by=by, priority=due.job.priority, queue=due.job.queue)
+
+    def finished(self, done: Finished) -> list[OutRecord]:
+        """The terminal event of a finished execution, and the RetryRequest of its next
+        attempt when it failed with attempts left."""
+        run, outcome = done.running, done.outcome
+        status: ExecutionStatus = outcome.status
+        records: list[OutRecord] = []
+        if outcome.retryable and not attempts_left(run.due):
+            status = "PERMANENTLY_FAILED"
+        elif outcome.retryable:
+            retry = next_attempt(run.due, done.completed_at, self._rng)
+            records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
+                                     retry.to_json(), trace_headers(run.traceparent)))
+        error = outcome.error
+        if status == "CANCELLED" and run.cancel.reason:
+            error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"
+        done.status = status
+        records.insert(0, self.event(
+            run, status, completed_at=done.completed_at, error_message=error,
+            result=outcome.result, progress=100.0 if status == "COMPLETED" else None,
+            priority=run.due.job.priority, queue=run.due.job.queue,
+            cancelled_by=run.cancel.by if status == "CANCELLED" else None,
+        ))
+        log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
+            job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
+            attempt=run.due.attempt_number, error=error)
+        return records
+
+    def requeued(self, run: Running, why: str) -> list[OutRecord]:
+        """REQUEUED and the JobDue of the next delivery, for an execution this worker
+        gives up on without an outcome (drain): it runs again elsewhere, never fails."""
+        due = run.due.model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
+        log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
+            delivery=due.delivery, reason=why)
+        return [
+            self.event(run, "REQUEUED", error_message=why, delivery=due.delivery),
+            OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+                      trace_headers(run.traceparent)),
+        ]
+
+
+def count_started(run: Running) -> None:
+    job = run.due.job
+    metrics.START_LAG.labels(queue=job.queue, priority=job.priority).observe(
+        max(0.0, (run.started_at - run.due.scheduled_at).total_seconds()), run.exemplar)
+
+
+def count_finished(done: Finished) -> None:
+    job, status = done.running.due.job, done.status
+    metrics.WORKER_EXECUTIONS.labels(status=status, queue=job.queue, priority=job.priority).inc()
+    metrics.EXECUTION_DURATION.labels(queue=job.queue, priority=job.priority, status=status).observe(
+        max(0.0, (done.completed_at - done.running.started_at).total_seconds()),
+        done.running.exemplar)

@@ -1,0 +1,140 @@
+"""The one inbound path of every consumer: error check, position, decode, dead-letter.
+
+Every consumed batch goes through `Inbound`:
+
+    inbound = Inbound("dispatcher", topics)
+    batch = inbound.batch(messages)          # errors logged, positions noted
+    for msg in batch.records:
+        due = batch.decode(JobDue, msg, key_field="job_id")
+        if due is None:
+            continue                         # dead-lettered, with the reason
+    ... produce batch.dead with the batch's transaction, commit batch.offsets()
+
+Anything raised while decoding or validating one record — a validation error, a
+RecursionError from a pathological expression, an OverflowError from a date no
+computation can handle — dead-letters that record and the loop goes on (SPEC §6). The
+dead-letter copy keeps the original key and bytes, truncated when it would not fit on the
+`dead-letters` topic, with the original size, topic, partition, offset, service and reason
+in its headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from confluent_kafka import Message, TopicPartition
+
+from cronstream.shared import metrics
+from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.kafka import OutRecord, log_consumer_error, position
+from cronstream.shared.logs import log
+from cronstream.shared.records import Record
+from cronstream.shared.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=Record)
+
+DLQ_TOPIC = "cronstream.dlq.topic"
+DLQ_PARTITION = "cronstream.dlq.partition"
+DLQ_OFFSET = "cronstream.dlq.offset"
+DLQ_ERROR = "cronstream.dlq.error"
+DLQ_SERVICE = "cronstream.dlq.service"
+DLQ_ORIGINAL_SIZE = "cronstream.dlq.original-size"
+DLQ_TRUNCATED = "cronstream.dlq.truncated"
+
+# The dead-letter copy must fit under the producer's message.max.bytes (~1 MB) with its
+# headers, whatever the broker accepted from someone else: keep the first 256 KiB.
+MAX_DEAD_LETTER_VALUE = 256 * 1024
+MAX_COPIED_HEADERS = 16 * 1024
+MAX_REASON_CHARS = 2000
+
+
+def dead_letter(topics: Topics, msg: Message, error: str, service: str) -> OutRecord:
+    """The dead-letter copy of `msg`: original key and (possibly truncated) bytes, the
+    reason and the origin in headers."""
+    value = msg.value()
+    size = len(value) if value is not None else 0
+    truncated = value is not None and size > MAX_DEAD_LETTER_VALUE
+    if truncated:
+        assert value is not None
+        value = value[:MAX_DEAD_LETTER_VALUE]
+    key = msg.key()
+    if key is not None and len(key) > MAX_COPIED_HEADERS:
+        key = key[:MAX_COPIED_HEADERS]
+    given = msg.headers() or []  # a list of (name, bytes) when read from Kafka
+    original = [(k, v) for k, v in given if isinstance(v, bytes)] if isinstance(given, list) else []
+    if sum(len(k) + len(v) for k, v in original) > MAX_COPIED_HEADERS:
+        original = []  # a header flood is not worth copying
+    headers = [
+        *original,
+        (DLQ_TOPIC, (msg.topic() or "").encode()),
+        (DLQ_PARTITION, str(msg.partition()).encode()),
+        (DLQ_OFFSET, str(msg.offset()).encode()),
+        (DLQ_ERROR, error[:MAX_REASON_CHARS].encode()),
+        (DLQ_SERVICE, service.encode()),
+        (DLQ_ORIGINAL_SIZE, str(size).encode()),
+    ]
+    if truncated:
+        headers.append((DLQ_TRUNCATED, b"true"))
+    metrics.DEAD_LETTERS.labels(service=service, topic=topics.logical(msg.topic() or "")).inc()
+    log(logger, "record_dead_lettered", logging.WARNING, service=service, topic=msg.topic(),
+        partition=msg.partition(), offset=msg.offset(), size=size, reason=error[:300])
+    return OutRecord(topics.dead_letters, key, value, headers)
+
+
+@dataclass
+class Batch:
+    """One consumed batch: its valid records, their next offsets, the dead letters."""
+
+    inbound: Inbound
+    records: list[Message] = field(default_factory=list)
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    dead: list[OutRecord] = field(default_factory=list)
+
+    def decode(self, model: type[T], msg: Message, key_field: str | None = None) -> T | None:
+        """The record as `model`, or None after dead-lettering it with the reason."""
+        try:
+            return decode(model, msg.value(), key=msg.key(), key_field=key_field)
+        except DecodeError as exc:
+            self.reject(msg, str(exc))
+            return None
+
+    def apply(self, msg: Message, fn: Callable[[], Any], what: str) -> bool:
+        """Run `fn` for a decoded record; whatever it raises dead-letters the record."""
+        try:
+            fn()
+            return True
+        except Exception as exc:
+            self.reject(msg, f"{what} failed: {type(exc).__name__}: {exc}")
+            return False
+
+    def reject(self, msg: Message, reason: str) -> None:
+        self.dead.append(dead_letter(self.inbound.topics, msg, reason, self.inbound.service))
+
+    def offsets(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p, o) for (t, p), o in self.next_offsets.items()]
+
+
+class Inbound:
+    def __init__(self, service: str, topics: Topics) -> None:
+        self.service = service
+        self.topics = topics
+
+    def batch(self, messages: list[Message]) -> Batch:
+        """Errors logged (a fatal consumer error raises), positions of the rest noted."""
+        batch = Batch(self)
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                log_consumer_error(self.service, err)
+                continue
+            topic, partition, offset = position(msg)
+            batch.next_offsets[(topic, partition)] = offset + 1
+            batch.first_offsets.setdefault((topic, partition), offset)
+            batch.records.append(msg)
+        return batch
