@@ -49,7 +49,7 @@ bench: install ## Benchmarks (figures printed and written to bench/results/)
 
 lint: install ## ruff and mypy
 	$(BIN)/ruff check cronstream shared services tests bench
-	$(BIN)/mypy cronstream shared services
+	$(BIN)/mypy
 
 schemas: install ## Regenerate the JSON Schemas in schemas/ from the models
 	$(BIN)/python -m cronstream.shared.schemagen schemas

@@ -35,7 +35,6 @@ from cronstream.shared.records import (
     MAX_DEFINITION_BYTES,
     Command,
     CommandKind,
-    ExecutionEvent,
     JobDefinition,
     JobDue,
     JobSnapshot,
@@ -246,21 +245,13 @@ class Client:
         self._producer.flush()
         return command
 
-    def publish_event(self, event: ExecutionEvent) -> None:
-        self._producer.produce(OutRecord(self.topics.execution_events, event.job_id.encode(),
-                                         event.to_json(), trace_headers(new_traceparent())))
-        self._producer.flush()
-
-    def cancel_retry(self, retry_execution_id: UUID) -> None:
-        """Drop a pending retry timer (a tombstone on `retries`)."""
-        self._producer.produce(OutRecord(self.topics.retries, str(retry_execution_id).encode(), None))
-        self._producer.flush()
-
     def cancel(self, execution_id: UUID, reason: str | None = None,
-               issued_by: str | None = None) -> Command:
-        """Cancel an execution: skipped if not started yet, stopped if running."""
+               issued_by: str | None = None, job_id: str | None = None) -> Command:
+        """Cancel an execution: skipped if not started yet, stopped if running, ended if
+        awaiting approval; a pending retry (by its execution id, with `job_id`) is dropped.
+        Only the services write the CANCELLED event (docs/architecture.md)."""
         return self.command("CANCEL", execution_id, reason or "cancelled by an operator",
-                            issued_by=issued_by)
+                            job_id=job_id, issued_by=issued_by)
 
     def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
         due = JobDue(

@@ -15,8 +15,8 @@ from hashlib import sha1
 from uuid import UUID, uuid5
 
 __all__ = [
-    "NAMESPACE", "execution_id", "fast_uuid5", "idempotency_key", "run_id", "wire_time",
-    "wire_time_ms",
+    "NAMESPACE", "execution_id", "fast_uuid5", "given_idempotency_key", "idempotency_key",
+    "requeue_idempotency_key", "run_id", "step_idempotency_key", "wire_time", "wire_time_ms",
 ]
 
 NAMESPACE = UUID("8f0b7f5e-1a7c-5c1e-9d7e-6372306e7374")
@@ -62,9 +62,23 @@ def execution_id(job_id: str, origin: datetime, attempt: int) -> UUID:
     return uuid5(NAMESPACE, f"exec|{job_id}|{wire_time(origin)}|{attempt}")
 
 
-def idempotency_key(job_id: str, origin: datetime, params: dict[str, object]) -> str:
-    """Stable across retries and requeues; `params.idempotency_key` wins when given."""
+def given_idempotency_key(params: dict[str, object]) -> str | None:
+    """`params.idempotency_key` when the job sets one (it wins over any derived key)."""
     given = params.get("idempotency_key")
-    if isinstance(given, str) and given:
-        return given[:256]
-    return f"{job_id}@{wire_time(origin)}"
+    return given[:256] if isinstance(given, str) and given else None
+
+
+def idempotency_key(job_id: str, origin: datetime, params: dict[str, object]) -> str:
+    """Of a scheduled, manual or backfilled run: stable across retries and requeues."""
+    return given_idempotency_key(params) or f"{job_id}@{wire_time(origin)}"
+
+
+def step_idempotency_key(job_id: str, run_id: UUID, params: dict[str, object]) -> str:
+    """Of a DAG step: one per (job, run), whoever evaluates it and however often."""
+    return given_idempotency_key(params) or f"{job_id}@{run_id}"
+
+
+def requeue_idempotency_key(stored: str | None, job_id: str, run_id: UUID) -> str:
+    """Of a requeued execution: the key it had (from its QUEUED event); the DAG-step form
+    for executions projected before keys were stored."""
+    return stored or f"{job_id}@{run_id}"

@@ -20,8 +20,18 @@ _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()
 }
 
 
+# One line stays readable and cheap to ship whatever a record holds: each value is cut at
+# MAX_VALUE characters, a traceback at MAX_TRACEBACK.
+MAX_VALUE = 2000
+MAX_TRACEBACK = 8000
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more chars)"
+
+
 def _quote(value: Any) -> str:
-    text = str(value)
+    text = _cut(str(value), MAX_VALUE)
     if text == "" or any(c in text for c in ' ="\n\t'):
         text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text
@@ -49,7 +59,9 @@ class LogfmtFormatter(logging.Formatter):
         if message and message != action:
             parts.append(f"msg={_quote(message)}")
         if record.exc_info:
-            parts.append(f"error={_quote(self.formatException(record.exc_info))}")
+            trace = _cut(self.formatException(record.exc_info), MAX_TRACEBACK)
+            parts.append("error=" + '"' + trace.replace("\\", "\\\\").replace('"', '\\"')
+                         .replace("\n", "\\n") + '"')
         return " ".join(parts)
 
 

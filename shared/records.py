@@ -93,9 +93,19 @@ def _timezones() -> frozenset[str]:
 _ZERO = timedelta(0)
 
 
+# Every instant on the wire lies in this range, so that every computation on it (next
+# fires, retry delays, DST resolution) stays inside what datetime and PostgreSQL handle:
+# a `start_at` in the year 9999 once stopped every scheduler.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def _utc(value: datetime) -> datetime:
     # Most values arrive in UTC already ("...Z"): keep those as they are (cheap path).
-    return value if value.utcoffset() == _ZERO else value.astimezone(UTC)
+    value = value if value.utcoffset() == _ZERO else value.astimezone(UTC)
+    if not EARLIEST <= value <= LATEST:
+        raise ValueError(f"must lie between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d} (UTC)")
+    return value
 
 
 def _json_size(value: Any) -> int:
@@ -125,6 +135,9 @@ WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$"
 Params = Annotated[dict[str, Any], AfterValidator(_params_limit)]
 Message = Annotated[str, StringConstraints(max_length=MAX_MESSAGE_CHARS)]
 Actor = Annotated[str, StringConstraints(max_length=256)]
+# 1 + max_retries (≤ 100); a requeue counts deliveries (bounded so PostgreSQL's integer holds it).
+Attempt = Annotated[int, Field(ge=1, le=1_000)]
+Delivery = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
 class Record(BaseModel):
@@ -239,10 +252,10 @@ class JobSnapshot(Record):
 
     handler: HandlerName
     params: Params = Field(default_factory=dict)
-    timeout_seconds: Annotated[float, Field(gt=0)] = 3600
-    max_retries: Annotated[int, Field(ge=0)] = 0
-    retry_delay_seconds: Annotated[float, Field(ge=0)] = 10
-    max_retry_delay_seconds: Annotated[float, Field(ge=0)] = 3600
+    timeout_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = 3600
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 0
+    retry_delay_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 10
+    max_retry_delay_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 3600
     priority: Priority = "normal"
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
@@ -273,9 +286,9 @@ class JobDue(Record):
     job_id: JobId
     run_id: UUID
     scheduled_at: UtcDatetime
-    attempt_number: Annotated[int, Field(ge=1)] = 1
+    attempt_number: Attempt = 1
     reason: DueReason
-    delivery: Annotated[int, Field(ge=1)] = 1
+    delivery: Delivery = 1
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     job: JobSnapshot
     # Who released it, for a DAG step approved by a person (Command.issued_by).
@@ -300,10 +313,10 @@ class ExecutionEvent(Record):
     job_id: JobId
     run_id: UUID
     status: ExecutionStatus
-    attempt_number: Annotated[int, Field(ge=1)]
+    attempt_number: Attempt
     scheduled_at: UtcDatetime
     occurred_at: UtcDatetime
-    delivery: Annotated[int, Field(ge=1)] = 1
+    delivery: Delivery = 1
     worker_id: WorkerId | None = None
     started_at: UtcDatetime | None = None
     completed_at: UtcDatetime | None = None
@@ -348,7 +361,7 @@ class Heartbeat(Record):
     status: WorkerStatus
     sent_at: UtcDatetime
     running: Annotated[list[UUID], Field(max_length=10_000)] = Field(default_factory=list)
-    capacity: Annotated[int, Field(ge=0)]
+    capacity: Annotated[int, Field(ge=0, le=100_000)]
     queues: list[QueueName] = Field(default_factory=list)
 
 
@@ -381,7 +394,7 @@ class Alert(Record):
     queue: QueueName | None = None
     execution_id: UUID | None = None
     run_id: UUID | None = None
-    attempt_number: Annotated[int, Field(ge=1)] | None = None
+    attempt_number: Attempt | None = None
     error_message: Message | None = None
     summary: Message | None = None
     evidence: Annotated[dict[str, Any], AfterValidator(_params_limit)] = Field(default_factory=dict)

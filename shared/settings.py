@@ -23,7 +23,9 @@ from cronstream.shared.topics import Topics
 
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
-_SECRET_WORDS = ("password", "secret", "token", "key")
+# A librdkafka property whose name contains one of these is never shown (sasl.password,
+# ssl.key.pem, sasl.oauthbearer.config, sasl.oauthbearer.client.secret, ...).
+_SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer", "jaas", "credential", "pem")
 
 
 # Default HTTP ports, distinct so that `cronstream dev` runs every service side by side.
@@ -142,8 +144,16 @@ class Settings(BaseModel):
 
 
 def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its password hidden, in the userinfo and in the query string
+    (`?password=`, `sslpassword=`, `sslkey=`... libpq accepts them there too)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        query = "&".join(
+            f"{k}=***" if any(w in k.lower() for w in ("pass", "key", "secret", "token")) else f"{k}={v}"
+            for k, _, v in (item.partition("=") for item in parts.query.split("&") if item))
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except ValueError:
+        return "***"  # not even a URL: show nothing of it

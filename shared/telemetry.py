@@ -31,8 +31,11 @@ def child_traceparent(parent: str | None) -> str:
     return new_traceparent()
 
 
-def traceparent_of(headers: Headers | None) -> str | None:
-    for key, value in headers or ():
+def traceparent_of(headers: object) -> str | None:
+    """The traceparent among a record's headers (a list of (name, bytes) from Kafka)."""
+    if not isinstance(headers, list):
+        return None
+    for key, value in headers:
         if key == TRACEPARENT and value:
             try:
                 return value.decode("ascii")

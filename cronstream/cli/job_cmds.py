@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import click
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
-from cronstream.shared.records import TERMINAL_STATUSES, CommandKind, ExecutionEvent
+from cronstream.shared.records import TERMINAL_STATUSES, CommandKind
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
-from cronstream.shared.settings import Settings
 
 
 def _load(path: str) -> list:  # type: ignore[type-arg]
@@ -177,45 +175,32 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
 @click.option("--reason", help="Why; recorded with the CANCELLED event.")
 @pass_state
 def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None:
-    """Cancel a queued or running execution (CANCELLED)."""
+    """Cancel a queued, running or awaiting execution, or a failed one's pending retry.
+
+    Sends a CANCEL command; the service that owns the execution's state ends it CANCELLED
+    (docs/architecture.md: who writes what): the worker that reaches a queued execution's
+    work record skips it, the worker running it stops it, the monitor cancels one that
+    awaits approval or a retry that has not fired yet."""
     settings = state.settings()
     rows = fetch(settings, "execution_by_id", execution_id)
     row = rows[0] if rows else None
     reason = reason or "cancelled by an operator"
+    target, job_id = execution_id, row["job_id"] if row is not None else None
     if row is not None and row["status"] in ("FAILED", "TIMED_OUT"):
-        _cancel_pending_retry(settings, row, reason)
+        # Its next attempt has a deterministic id: cancel that one.
+        attempt = row["attempt_number"] + 1
+        target = retry_execution_id(row["job_id"], row["run_id"], attempt)
+        with Client(settings) as client:
+            client.cancel(target, reason, job_id=job_id)
+        click.echo(f"cancel sent for the pending retry (attempt {attempt}, execution {target}) "
+                   f"of {execution_id}")
         return
     if row is not None and row["status"] in TERMINAL_STATUSES:
         raise click.ClickException(f"execution {execution_id} already ended: {row['status']}")
     with Client(settings) as client:
-        client.cancel(execution_id, reason)
-        if row is not None and row["status"] in ("QUEUED", "AWAITING_APPROVAL"):
-            # Not started: record it at once; a worker that reaches the work record skips it.
-            client.publish_event(ExecutionEvent(
-                event_id=uuid.uuid4(), execution_id=execution_id, job_id=row["job_id"],
-                run_id=row["run_id"], status="CANCELLED", attempt_number=row["attempt_number"],
-                scheduled_at=row["scheduled_at"], occurred_at=datetime.now(UTC),
-                completed_at=datetime.now(UTC), delivery=row["delivery"], error_message=reason))
+        client.cancel(target, reason, job_id=job_id)
     state_text = row["status"] if row is not None else "not yet projected"
     click.echo(f"cancel sent for {execution_id} (was {state_text})")
-
-
-def _cancel_pending_retry(settings: Settings, row: Any, reason: str) -> None:
-    """A FAILED / TIMED_OUT execution may have its next attempt waiting on `retries`:
-    tombstone that timer (its key is deterministic) and record the attempt CANCELLED."""
-    attempt = row["attempt_number"] + 1
-    retry_id = retry_execution_id(row["job_id"], row["run_id"], attempt)
-    now = datetime.now(UTC)
-    with Client(settings) as client:
-        client.cancel_retry(retry_id)
-        client.cancel(retry_id, reason)  # in case it fired meanwhile
-        client.publish_event(ExecutionEvent(
-            event_id=uuid.uuid4(), execution_id=retry_id, job_id=row["job_id"],
-            run_id=row["run_id"], status="CANCELLED", attempt_number=attempt,
-            scheduled_at=now, occurred_at=now, completed_at=now,
-            error_message=f"pending retry cancelled: {reason}"))
-    click.echo(f"cancelled the pending retry (attempt {attempt}, execution {retry_id}) "
-               f"of {row['execution_id']}")
 
 
 @click.command()

@@ -211,7 +211,7 @@ class DispatcherService:
                 f"{running.status} (concurrency_policy FORBID)"))]
         records = self._replace(due, msg) if decision == "REPLACE" else []
         records.extend(self._queue(due, msg))
-        self.policy.queued(due, msg.partition())
+        self.policy.queued(due, position(msg)[1])
         return records
 
     def _event(self, due: JobDue | ActiveExecution, msg: Message, status: ExecutionStatus,
@@ -253,7 +253,7 @@ class DispatcherService:
                               issued_by=f"dispatcher/{self.instance}")
             records.append(OutRecord(self.topics.commands, str(other.execution_id).encode(),
                                      command.to_json()))
-            self.policy.remove(due.job_id, other.execution_id, msg.partition())
+            self.policy.remove(due.job_id, other.execution_id, position(msg)[1])
             log(logger, "execution_replaced", job_id=due.job_id,
                 execution_id=str(other.execution_id), by=str(due.execution_id))
         return records
@@ -268,7 +268,7 @@ class DispatcherService:
             event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
         except DecodeError:
             return
-        self.policy.observe(event, msg.partition())
+        self.policy.observe(event, position(msg)[1])
 
     def _rewind(self, partitions: list[tuple[str, int]]) -> None:
         """Seek the given partitions back to their committed offsets."""

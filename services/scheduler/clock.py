@@ -30,7 +30,6 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import NamedTuple
 from uuid import UUID
 
@@ -38,7 +37,7 @@ from pydantic import ValidationError
 
 from cronstream.shared.codec import describe
 from cronstream.shared.dag import dag_problem
-from cronstream.shared.ids import fast_uuid5, idempotency_key, wire_time_ms
+from cronstream.shared.ids import fast_uuid5, given_idempotency_key, wire_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest
 from cronstream.shared.schedule import first_fire, next_fire
@@ -48,7 +47,6 @@ from cronstream.shared.schedule import to_epoch_ms as to_ms
 logger = logging.getLogger(__name__)
 
 _JOB, _RETRY = 0, 1
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(slots=True)
@@ -82,9 +80,7 @@ class JobClock:
         """(job_id as JSON, snapshot as JSON, the fixed idempotency key or None), cached."""
         if self._fragments is None:
             snapshot = self.snapshot
-            given = snapshot.params.get("idempotency_key")
-            fixed = idempotency_key(self.job_id, _EPOCH, snapshot.params) \
-                if isinstance(given, str) and given else None
+            fixed = given_idempotency_key(snapshot.params)
             self._fragments = (json.dumps(self.job_id), snapshot.model_dump_json(), fixed)
         return self._fragments
 

@@ -325,7 +325,7 @@ class Leader:
             except DecodeError as exc:
                 records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
         change = self.clock.apply_definition(
-            job_id, definition, value, msg.offset(), record_time_ms(msg))
+            job_id, definition, value, position(msg)[2], record_time_ms(msg))
         records.append(self._state_record(change))
         log(logger, "definition_applied" if value is not None else "definition_deleted",
             logging.DEBUG if quiet else logging.INFO,

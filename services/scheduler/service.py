@@ -72,8 +72,9 @@ class SchedulerService:
                     self.leader.feed(messages)
                 else:
                     for msg in messages:
-                        if msg.error() is not None:
-                            log_consumer_error("election", msg.error())
+                        err = msg.error()
+                        if err is not None:
+                            log_consumer_error("election", err)
         finally:
             await self._stop_leader("shutdown")
             await election.close()

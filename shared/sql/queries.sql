@@ -228,7 +228,8 @@ WHERE status <> 'OFFLINE' AND last_heartbeat < now() - make_interval(secs => $1)
 
 -- name: running_on_workers
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
-       e.idempotency_key, e.worker_id, COALESCE(e.job, d.definition) AS job, e.job IS NULL AS from_definition
+       e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
+       e.job IS NULL AS from_definition
 FROM job_executions e
 LEFT JOIN job_definitions d ON d.job_id = e.job_id
 WHERE e.status = 'RUNNING' AND e.worker_id = ANY($1::text[]);
@@ -302,3 +303,44 @@ LIMIT $2;
 
 -- name: workers_by_status
 SELECT status, count(*) AS n FROM workers GROUP BY status;
+
+-- name: lock_run
+-- DAG joins: two monitors may make the last upstreams of one run final at the same time,
+-- each in its own transaction. Whoever takes this lock second reads run_states after the
+-- first committed, so one of them always sees every upstream final (never both skip).
+SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7));
+
+-- name: claim_decision
+INSERT INTO execution_decisions (execution_id, decision, decided_by)
+VALUES ($1, $2, $3)
+ON CONFLICT (execution_id) DO NOTHING
+RETURNING execution_id;
+
+-- name: retryable_failures
+-- Recent FAILED / TIMED_OUT attempts of a job, with what computing their retry needs.
+SELECT execution_id, run_id, attempt_number, COALESCE(e.job, d.definition) AS job,
+       e.job IS NULL AS from_definition
+FROM job_executions e
+LEFT JOIN job_definitions d USING (job_id)
+WHERE e.job_id = $1 AND e.status IN ('FAILED', 'TIMED_OUT')
+ORDER BY e.completed_at DESC
+LIMIT 100;
+
+-- name: orphan_candidates
+-- RUNNING executions that their (live) worker's latest heartbeat, sent well after they
+-- started, does not list: the worker does not run them (housekeeping.py says when that
+-- is certain).
+SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
+       e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
+       e.job IS NULL AS from_definition
+FROM job_executions e
+JOIN workers w ON w.worker_id = e.worker_id
+LEFT JOIN job_definitions d ON d.job_id = e.job_id
+WHERE e.status = 'RUNNING' AND w.status <> 'OFFLINE'
+  AND w.last_heartbeat > e.started_at + make_interval(secs => $1)
+  AND NOT (e.execution_id = ANY(w.running))
+LIMIT 10000;
+
+-- name: still_running
+SELECT execution_id, delivery FROM job_executions
+WHERE execution_id = ANY($1::uuid[]) AND status = 'RUNNING';

@@ -1,0 +1,135 @@
+"""DAG advancement and operators' decisions, inside the projection's transaction.
+
+Both read the projection and publish what follows from it (a DAG step's JobDue or
+SKIPPED / AWAITING_APPROVAL event; an approved step's JobDue; a rejected, cancelled or
+pending-retry-cancelled execution's terminal event), and both make their decision once,
+in PostgreSQL, in the same transaction as the batch that caused it:
+- a DAG step is evaluated once per run (`dag_evaluations`), and a run's evaluation is
+  serialised across monitors (`lock_run`): a join whose upstreams finish on partitions
+  owned by different monitors is evaluated by whichever commits second, never skipped by
+  both;
+- an execution waiting for approval is decided once (`execution_decisions`): the first
+  APPROVE, REJECT or CANCEL wins.
+The pure decision of a step is `dag.decide`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from cronstream.services.monitor.dag import DAG_FINAL, decide, upstream_view
+from cronstream.services.monitor.outbound import Outbound
+from cronstream.services.monitor.projection import ExecutionPatch
+from cronstream.shared import metrics
+from cronstream.shared.db import query
+from cronstream.shared.kafka import OutRecord
+from cronstream.shared.logs import log
+from cronstream.shared.records import Command, ExecutionEvent, JobDefinition, now_utc
+from cronstream.shared.retry import attempts_left, retry_execution_id
+
+logger = logging.getLogger(__name__)
+
+
+class DagAdvancer:
+    def __init__(self, outbound: Outbound) -> None:
+        self.outbound = outbound
+        self.upstreams: set[str] = set()  # jobs some DEPENDENT job waits for
+
+    async def refresh(self, conn: Any) -> None:
+        self.upstreams = {r[0] for r in await conn.fetch(query("dag_upstream_ids"))}
+
+    async def advance(self, conn: Any, patches: list[ExecutionPatch]) -> list[OutRecord]:
+        finals = [p for p in patches if p.status in DAG_FINAL and p.job_id in self.upstreams]
+        for run_id in sorted({str(p.run_id) for p in finals}):  # a fixed order: no deadlock
+            await conn.execute(query("lock_run"), run_id)
+        records: list[OutRecord] = []
+        for patch in finals:
+            for row in await conn.fetch(query("dag_downstreams"), patch.job_id):
+                definition = json.loads(row["definition"])
+                depends_on = definition["depends_on"]
+                states = await conn.fetch(query("run_states"), patch.run_id, depends_on)
+                if len(states) < len(depends_on) or any(s["status"] not in DAG_FINAL for s in states):
+                    continue  # not every upstream is final in this run yet
+                verdict = decide(definition, upstream_view(list(states)))
+                step = retry_execution_id(row["job_id"], patch.run_id, 1)
+                claimed = await conn.fetchval(query("claim_evaluation"), patch.run_id, row["job_id"],
+                                              step, verdict.decision, verdict.detail)
+                if claimed is None:
+                    continue  # evaluated already in this run
+                metrics.DAG_EVALUATIONS.labels(decision=verdict.decision).inc()
+                log(logger, "dag_step_decided", job_id=row["job_id"], run_id=str(patch.run_id),
+                    execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
+                records.append(self.outbound.step(
+                    JobDefinition.model_validate_json(row["definition"]), patch.run_id, step,
+                    verdict.decision, verdict.detail))
+        return records
+
+
+class Decisions:
+    """APPROVE / REJECT / CANCEL commands the monitor answers for. (A CANCEL of a queued or
+    running execution is the workers': only the consumer of the work record decides.)"""
+
+    def __init__(self, outbound: Outbound) -> None:
+        self.outbound = outbound
+
+    async def apply(self, conn: Any, command: Command) -> list[OutRecord]:
+        row = await conn.fetchrow(query("awaiting_execution"), command.execution_id)
+        if row is not None:
+            return await self._decide(conn, command, row)
+        if command.command == "CANCEL" and command.job_id is not None:
+            return await self._cancel_pending_retry(conn, command, command.job_id)
+        if command.command != "CANCEL":
+            log(logger, "command_ignored", logging.WARNING, command=command.command,
+                execution_id=str(command.execution_id), reason="not awaiting approval")
+        return []
+
+    async def _decide(self, conn: Any, command: Command, row: Any) -> list[OutRecord]:
+        claimed = await conn.fetchval(query("claim_decision"), command.execution_id,
+                                      command.command, command.issued_by)
+        if claimed is None:
+            log(logger, "command_ignored", command=command.command,
+                execution_id=str(command.execution_id), reason="decided already")
+            return []
+        who = f" by {command.issued_by}" if command.issued_by else ""
+        log(logger, {"APPROVE": "execution_approved", "REJECT": "execution_rejected"}.get(
+            command.command, "execution_cancelled"), job_id=row["job_id"],
+            execution_id=str(row["execution_id"]), issued_by=command.issued_by)
+        if command.command == "APPROVE":
+            return [self.outbound.due(self.outbound.due_of(
+                row, reason="DEPENDENCY", approved_by=command.issued_by))]
+        due = self.outbound.due_of(row)
+        now = now_utc()
+        if command.command == "REJECT":
+            return [self.outbound.event(ExecutionEvent.for_due(
+                due, "SKIPPED", occurred_at=now, completed_at=now, rejected_by=command.issued_by,
+                error_message=f"rejected{who}: {command.reason or 'no reason given'}"))]
+        return [self.outbound.event(ExecutionEvent.for_due(
+            due, "CANCELLED", occurred_at=now, completed_at=now, cancelled_by=command.issued_by,
+            error_message=f"cancelled{who} while awaiting approval: "
+                          f"{command.reason or 'no reason given'}"))]
+
+    async def _cancel_pending_retry(self, conn: Any, command: Command, job_id: str) -> list[OutRecord]:
+        """CANCEL of an attempt that does not exist yet: the retry timer of a failed one.
+        Drop the timer and end the attempt CANCELLED. (Had the retry fired already, its
+        worker skips it on the same command.)"""
+        for row in await conn.fetch(query("retryable_failures"), job_id):
+            attempt = row["attempt_number"] + 1
+            if retry_execution_id(job_id, row["run_id"], attempt) != command.execution_id:
+                continue
+            parent = self.outbound.due_of({**row, "job_id": job_id, "scheduled_at": now_utc(),
+                                           "delivery": 1, "idempotency_key": None})
+            if not attempts_left(parent):
+                return []
+            retry = parent.model_copy(update={"execution_id": command.execution_id,
+                                              "attempt_number": attempt, "reason": "RETRY"})
+            now = now_utc()
+            log(logger, "pending_retry_cancelled", job_id=job_id,
+                execution_id=str(command.execution_id), issued_by=command.issued_by)
+            return [self.outbound.retry_tombstone(command.execution_id),
+                    self.outbound.event(ExecutionEvent.for_due(
+                        retry, "CANCELLED", occurred_at=now, completed_at=now,
+                        cancelled_by=command.issued_by,
+                        error_message=f"pending retry cancelled: {command.reason or 'no reason given'}"))]
+        return []

@@ -1,0 +1,102 @@
+"""A consumed batch of the monitor's topics, decoded through the one inbound path.
+
+Every item keeps its (partition, offset) so that the part another monitor has already
+projected can be left out (store.py: the fence). Records that do not decode are
+dead-lettered (published with the batch, before its PostgreSQL commit); bad
+`job-definitions` records are the scheduler's to dead-letter, so the monitor only logs
+and skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from confluent_kafka import Message
+
+from cronstream.shared.codec import DecodeError, decode, decode_key, decode_many
+from cronstream.shared.inbound import Inbound
+from cronstream.shared.kafka import OutRecord, position, record_time_ms
+from cronstream.shared.logs import log
+from cronstream.shared.records import Alert, Command, ExecutionEvent, Heartbeat, JobDefinition
+from cronstream.shared.schedule import from_epoch_ms
+from cronstream.shared.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MonitorBatch:
+    """One consumed batch, decoded, each item with its partition and offset."""
+
+    events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
+    beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
+    definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
+    commands: list[tuple[Command, int, int]] = field(default_factory=list)
+    alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
+    dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def seen(self, topic: str, partition: int, offset: int) -> None:
+        self.offsets[(topic, partition)] = offset + 1
+        self.starts.setdefault((topic, partition), offset)
+
+    def __len__(self) -> int:
+        return sum(self.offsets[k] - self.starts[k] for k in self.offsets)
+
+
+class Decoder:
+    def __init__(self, inbound: Inbound, topics: Topics) -> None:
+        self.inbound = inbound
+        self.topics = topics
+
+    def decode(self, messages: list[Message]) -> MonitorBatch:
+        batch = MonitorBatch()
+        consumed = self.inbound.batch(messages)
+        fast = self._events_at_once(consumed.records, batch)
+        t = self.topics
+        for msg in consumed.records:
+            topic, partition, offset = position(msg)
+            if fast and topic == t.execution_events:
+                continue
+            batch.seen(topic, partition, offset)
+            try:
+                if topic == t.execution_events:
+                    event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
+                    batch.events.append((event, partition, offset))
+                elif topic == t.heartbeats:
+                    beat = decode(Heartbeat, msg.value(), key=msg.key(), key_field="worker_id")
+                    batch.beats.append((beat, partition, offset))
+                elif topic == t.commands:
+                    batch.commands.append((decode(Command, msg.value()), partition, offset))
+                elif topic == t.alerts:
+                    batch.alerts.append((decode(Alert, msg.value()), partition, offset))
+                else:
+                    job_id = decode_key(msg.key())
+                    definition = None if msg.value() is None else decode(
+                        JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
+                    seen_at = from_epoch_ms(record_time_ms(msg))
+                    batch.definitions.append((job_id, definition, seen_at, partition, offset))
+            except DecodeError as exc:
+                if topic == t.job_definitions:
+                    log(logger, "definition_skipped", logging.WARNING, offset=offset,
+                        reason=str(exc)[:300])
+                else:
+                    consumed.reject(msg, str(exc))
+                    batch.dead.append((consumed.dead[-1], topic, partition, offset))
+        return batch
+
+    def _events_at_once(self, records: list[Message], batch: MonitorBatch) -> bool:
+        """Validate every execution event of the batch in one pydantic pass; False (and
+        nothing recorded) when one of them is bad, so the slow path can name it."""
+        mine = [m for m in records if m.topic() == self.topics.execution_events]
+        decoded = decode_many(ExecutionEvent, [m.value() or b"" for m in mine])
+        if decoded is None or any(m.key() != e.job_id.encode() for m, e in zip(mine, decoded, strict=True)):
+            return False
+        for msg, event in zip(mine, decoded, strict=True):
+            topic, partition, offset = position(msg)
+            batch.seen(topic, partition, offset)
+            batch.events.append((event, partition, offset))
+        return True

@@ -1,0 +1,241 @@
+"""Housekeeping: dead workers, orphaned executions, next runs, fleet figures.
+
+Run once a second by the monitor that owns `heartbeats` and has read it to its end (a
+monitor that is catching up would see every worker as silent).
+
+Dead workers (SPEC §5.7). A worker silent for `CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`:
+1. is *fenced*: the monitor takes the worker's transactional.id (`init_transactions()`),
+   which aborts the transaction it may have left open — read_committed consumers of its
+   partitions move on at once instead of after `transaction.timeout.ms` — and makes any
+   later commit of that worker fail. A paused worker that wakes up cannot report a stale
+   FAILED (and its RetryRequest) for an execution that runs elsewhere by then;
+2. then the monitor waits until the projection holds everything on `execution-events`
+   (so what the worker did commit before dying is seen: nothing is re-queued that ended);
+3. re-queues its RUNNING executions (REQUEUED + a JobDue with `delivery + 1`).
+
+Orphans. An execution RUNNING on a live worker whose heartbeats, sent well after it
+started, do not list it, is run by nobody (its worker could not tell whether the
+transaction that started it committed, and did not start it). It is re-queued once the
+projection is known to hold every event committed before the heartbeat was read — so an
+execution that merely finished a moment ago (a worker drops it from its heartbeats only
+after its end is committed) is never mistaken for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import asyncpg
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from cronstream.services.monitor.outbound import Outbound
+from cronstream.services.monitor.store import ProjectionStore
+from cronstream.shared import metrics
+from cronstream.shared.db import query
+from cronstream.shared.kafka import (
+    OFFSET_BEGINNING,
+    ConsumerThread,
+    consumer_config,
+    producer_config,
+    reader_config,
+)
+from cronstream.shared.logs import log
+from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
+from cronstream.shared.records import PRIORITIES, JobDefinition, now_utc
+from cronstream.shared.schedule import next_fire
+from cronstream.shared.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+ORPHAN_GRACE_SECONDS = 2.0  # heartbeat sent_at vs started_at: one worker's own clock
+ORPHAN_EVERY = 5  # rounds between orphan checks
+FIGURES_EVERY = 5  # rounds between next-run and queue-depth refreshes
+CATCH_UP_SECONDS = 20.0
+FENCE_PATIENCE = 20.0
+
+
+class Housekeeping:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, store: ProjectionStore, *,
+                 producer: IdempotentProducer, outbound: Outbound, instance: str) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.pool = pool
+        self.store = store
+        self.producer = producer
+        self.outbound = outbound
+        self.instance = instance
+        self._reader: ConsumerThread | None = None
+        self.rounds = 0
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.close()
+
+    async def round(self, owner: bool) -> None:
+        """One round; `owner`: this monitor owns `heartbeats` and has read it to the end."""
+        self.rounds += 1
+        if owner:
+            await self.requeue_dead_workers()
+            if self.rounds % ORPHAN_EVERY == 0:
+                await self.requeue_orphans()
+        if self.rounds % FIGURES_EVERY == 0:
+            await self.refresh_next_executions()
+            if owner:  # one monitor measures the fleet-wide gauges, so that sums stay true
+                await self.measure_fleet()
+
+    # -- dead workers ---------------------------------------------------------------------
+
+    async def requeue_dead_workers(self) -> None:
+        dead = await self.pool.fetch(query("dead_workers"), self.settings.worker_dead_after_seconds)
+        if not dead:
+            return
+        ids = [r["worker_id"] for r in dead]
+        for worker_id in ids:
+            await self.fence(worker_id)
+        if not await self.projection_caught_up():
+            log(logger, "requeue_postponed", logging.WARNING, workers=",".join(ids),
+                reason="the projection has not caught up with execution-events yet")
+            return
+        running = await self.pool.fetch(query("running_on_workers"), ids)
+        records = [r for row in running for r in self.outbound.requeue(
+            row, f"worker {row['worker_id']} stopped sending heartbeats")]
+        await self._publish(records)
+        await self.pool.execute(query("mark_workers_offline"), ids)
+        metrics.REQUEUES.labels(reason="dead_worker").inc(len(running))
+        for row in dead:
+            log(logger, "worker_declared_dead", logging.WARNING, worker_id=row["worker_id"],
+                last_heartbeat=row["last_heartbeat"].isoformat(), requeued=len(running))
+
+    async def fence(self, worker_id: str) -> None:
+        """Take the worker's transactional.id: its open transaction is aborted now, and it
+        can never commit again under this epoch."""
+        tid = f"{self.topics.prefix}worker-{worker_id}"
+        producer = TransactionalProducer(producer_config(
+            self.settings, f"monitor-{self.instance}-fence", transactional_id=tid))
+        try:
+            await producer.init(patience=FENCE_PATIENCE)
+            log(logger, "worker_fenced_by_monitor", worker_id=worker_id, transactional_id=tid)
+        finally:
+            await producer.close()
+
+    # -- orphans ----------------------------------------------------------------------------
+
+    async def requeue_orphans(self) -> None:
+        candidates = await self.pool.fetch(query("orphan_candidates"), ORPHAN_GRACE_SECONDS)
+        if not candidates or not await self.projection_caught_up():
+            return
+        still = {(r["execution_id"], r["delivery"]) for r in await self.pool.fetch(
+            query("still_running"), [r["execution_id"] for r in candidates])}
+        orphans = [r for r in candidates if (r["execution_id"], r["delivery"]) in still]
+        records = [r for row in orphans for r in self.outbound.requeue(
+            row, f"worker {row['worker_id']} does not run it (its start was never confirmed)")]
+        await self._publish(records)
+        metrics.REQUEUES.labels(reason="orphan").inc(len(orphans))
+
+    async def _publish(self, records: list[Any]) -> None:
+        for record in records:
+            self.producer.produce(record)
+        await self.producer.flush_async(30.0)
+
+    # -- is every committed execution event projected? ------------------------------------
+
+    async def projection_caught_up(self, patience: float = CATCH_UP_SECONDS) -> bool:
+        """Whether the projection holds every execution event committed before this call:
+        from each partition's stored offset there is nothing left to read but the end
+        (control records — transaction markers — occupy offsets, so offsets alone cannot
+        tell: a reader placed at the stored offset must meet the end straight away)."""
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            if await self._nothing_unprojected():
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    async def _nothing_unprojected(self) -> bool:
+        if self._reader is None:
+            self._reader = ConsumerThread(reader_config(self.settings, f"monitor-{self.instance}-probe"),
+                                          "projection-probe")
+        reader, topic = self._reader, self.topics.execution_events
+        stored = await self.store.stored_offsets()
+        metadata = await reader.call(reader.consumer.list_topics, topic, 10.0)
+        partitions = sorted(metadata.topics[topic].partitions)
+        assignment = [TopicPartition(topic, p, stored.get((topic, p), OFFSET_BEGINNING))
+                      for p in partitions]
+        await reader.call(reader.consumer.assign, assignment)
+        pending = set(partitions)
+        try:
+            deadline = time.monotonic() + 5.0
+            while pending and time.monotonic() < deadline:
+                for msg in await reader.consume(len(partitions) + 10, 0.2):
+                    err = msg.error()
+                    if err is None:
+                        return False  # a committed record the projection has not written
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+            return not pending
+        finally:
+            await reader.call(reader.consumer.unassign)
+
+    # -- figures ----------------------------------------------------------------------------
+
+    async def refresh_next_executions(self) -> None:
+        """Keep `job_definitions.next_execution_at` current for the dashboards and `jobs`."""
+        rows = await self.pool.fetch(query("due_for_next_execution"))
+        if not rows:
+            return
+        now = now_utc()
+        ids, times = [], []
+        for row in rows:
+            try:
+                upcoming = next_fire(JobDefinition.model_validate_json(row["definition"]), now)
+            except Exception:  # a definition the scheduler suspends: no next run
+                upcoming = None
+            ids.append(row["job_id"])
+            times.append(upcoming)
+        await self.pool.execute(query("set_next_execution"), ids, times)
+
+    async def measure_fleet(self) -> None:
+        """Queue depth per tier and queue (the workers group's lag on each work topic) and
+        workers by status."""
+        depth = await asyncio.get_running_loop().run_in_executor(None, self._work_lag)
+        if depth:
+            await self.pool.execute(query("upsert_queue_depth"), [p for p, _, _ in depth],
+                                    [q for _, q, _ in depth], [d for _, _, d in depth])
+        for priority, queue, value in depth:
+            metrics.QUEUE_DEPTH.labels(queue=queue, priority=priority).set(value)
+        counts = {r["status"]: r["n"] for r in await self.pool.fetch(query("workers_by_status"))}
+        for status in ("ACTIVE", "DRAINING", "OFFLINE"):
+            metrics.WORKERS.labels(status=status).set(counts.get(status, 0))
+
+    def _work_lag(self) -> list[tuple[str, str, int]]:
+        # A consumer of the workers' group that never subscribes: it only reads the group's
+        # committed offsets (it does not join the group).
+        conf = consumer_config(self.settings, f"monitor-{self.instance}-lag",
+                               f"{self.topics.prefix}workers")
+        conf.pop("stats_cb", None)
+        conf["statistics.interval.ms"] = 0
+        reader = Consumer(conf)
+        try:
+            prefix = f"{self.topics.prefix}work."
+            out = []
+            for name, topic in reader.list_topics(timeout=10).topics.items():
+                if not name.startswith(prefix):
+                    continue
+                priority, _, queue = name[len(prefix):].partition(".")
+                if priority not in PRIORITIES:
+                    continue
+                tps = [TopicPartition(name, p) for p in topic.partitions]
+                lag = 0
+                for tp in reader.committed(tps, timeout=10):
+                    low, high = reader.get_watermark_offsets(TopicPartition(name, tp.partition), 10)
+                    lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+                out.append((priority, queue, lag))
+            return out
+        except KafkaException as exc:
+            log(logger, "queue_depth_unavailable", logging.WARNING, error=str(exc))
+            return []
+        finally:
+            reader.close()

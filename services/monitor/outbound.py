@@ -1,0 +1,110 @@
+"""Every record the monitor publishes, built in one place.
+
+The monitor publishes at least once (before the PostgreSQL commit of the batch that
+caused them; again after a crash), so everything here is either deterministic in its id
+(DAG step and approval JobDues, alerts) or harmless to repeat (SKIPPED / CANCELLED /
+AWAITING_APPROVAL events of one execution: the projection keeps the first terminal one).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID, uuid5
+
+from cronstream.shared.ids import NAMESPACE, requeue_idempotency_key, step_idempotency_key
+from cronstream.shared.kafka import OutRecord
+from cronstream.shared.logs import log
+from cronstream.shared.records import (
+    Alert,
+    ExecutionEvent,
+    ExecutionStatus,
+    JobDefinition,
+    JobDue,
+    JobSnapshot,
+    now_utc,
+)
+from cronstream.shared.schedule import to_millis
+from cronstream.shared.telemetry import new_traceparent, trace_headers
+from cronstream.shared.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+
+class Outbound:
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+
+    def due(self, due: JobDue) -> OutRecord:
+        return OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
+                         trace_headers(new_traceparent()))
+
+    def event(self, event: ExecutionEvent) -> OutRecord:
+        return OutRecord(self.topics.execution_events, event.job_id.encode(), event.to_json(),
+                         trace_headers(new_traceparent()))
+
+    def retry_tombstone(self, retry_id: UUID) -> OutRecord:
+        return OutRecord(self.topics.retries, str(retry_id).encode(), None)
+
+    # -- DAG steps ------------------------------------------------------------------------
+
+    def step(self, definition: JobDefinition, run_id: UUID, step: UUID, decision: str,
+             detail: str) -> OutRecord:
+        """What a DAG step's evaluation publishes: its JobDue (RUN), or its SKIPPED or
+        AWAITING_APPROVAL event."""
+        now = to_millis(now_utc())
+        snapshot = JobSnapshot.of(definition)
+        key = step_idempotency_key(definition.job_id, run_id, snapshot.params)
+        due = JobDue(execution_id=step, job_id=definition.job_id, run_id=run_id, scheduled_at=now,
+                     attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot)
+        if decision == "RUN":
+            return self.due(due)
+        status: ExecutionStatus = "SKIPPED" if decision == "SKIP" else "AWAITING_APPROVAL"
+        return self.event(ExecutionEvent.for_due(
+            due, status, occurred_at=now, completed_at=now if status == "SKIPPED" else None,
+            error_message=detail, reason="DEPENDENCY", idempotency_key=key, job=snapshot,
+            priority=snapshot.priority, queue=snapshot.queue))
+
+    # -- rows of job_executions -------------------------------------------------------------
+
+    @staticmethod
+    def due_of(row: Any, **changes: Any) -> JobDue:
+        """The JobDue of an execution as projected (from its QUEUED event's snapshot, or
+        the job's current definition for executions projected before snapshots existed)."""
+        raw = row["job"]
+        job = JobSnapshot.of(JobDefinition.model_validate_json(raw)) if row.get("from_definition") \
+            else JobSnapshot.model_validate_json(raw)
+        values: dict[str, Any] = {
+            "execution_id": row["execution_id"], "job_id": row["job_id"], "run_id": row["run_id"],
+            "scheduled_at": row["scheduled_at"], "attempt_number": row["attempt_number"],
+            "reason": row.get("reason") or "REQUEUE", "delivery": row["delivery"],
+            "idempotency_key": requeue_idempotency_key(row["idempotency_key"], row["job_id"],
+                                                       row["run_id"]),
+            "job": job,
+        }
+        values.update(changes)
+        return JobDue(**values)
+
+    def requeue(self, row: Any, why: str) -> list[OutRecord]:
+        """REQUEUED and the JobDue of the next delivery: the execution runs again elsewhere
+        (same execution_id; events of the older delivery are stale from now on)."""
+        due = self.due_of(row, reason="REQUEUE", delivery=row["delivery"] + 1)
+        log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
+            delivery=due.delivery, reason=why, worker_id=row["worker_id"])
+        return [self.event(ExecutionEvent.for_due(due, "REQUEUED", error_message=why)),
+                self.due(due)]
+
+    # -- alerts -----------------------------------------------------------------------------
+
+    def permanently_failed(self, event: ExecutionEvent) -> OutRecord:
+        alert = Alert(
+            alert_id=uuid5(NAMESPACE, f"alert|EXECUTION_PERMANENTLY_FAILED|{event.execution_id}"),
+            kind="EXECUTION_PERMANENTLY_FAILED", severity="error", job_id=event.job_id,
+            execution_id=event.execution_id, run_id=event.run_id,
+            attempt_number=event.attempt_number, error_message=event.error_message,
+            summary=f"{event.job_id} failed after {event.attempt_number} attempt(s)",
+            occurred_at=event.occurred_at, raised_at=now_utc())
+        log(logger, "alert_raised", logging.ERROR, kind=alert.kind, job_id=alert.job_id,
+            execution_id=str(alert.execution_id), attempt=alert.attempt_number,
+            error=(alert.error_message or "")[:300])
+        return OutRecord(self.topics.alerts, alert.key, alert.to_json())

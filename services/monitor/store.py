@@ -1,0 +1,170 @@
+"""The fenced PostgreSQL projection: one transaction per batch, with its offsets.
+
+Each batch is written in one transaction together with the batch's next offsets
+(`consumer_offsets`), so a crash at any point neither loses nor doubles a row: on
+assignment the monitor resumes from the offsets in PostgreSQL, not Kafka's.
+
+The fence (docs/decisions/0005): the offset rows of the batch's partitions are locked
+first, in a fixed order, and whatever lies below the stored offset was projected already
+(around a rebalance two monitors can hold records of one partition) and is left out.
+
+PostgreSQL text cannot hold NUL characters, which JSON can carry ("\\u0000"): a batch
+refused for its characters is written again with them replaced (U+FFFD), rather than
+stopping the projection for good.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from cronstream.services.monitor.decoding import MonitorBatch
+from cronstream.services.monitor.projection import (
+    ExecutionPatch,
+    alert_arrays,
+    event_arrays,
+    fold,
+    heartbeat_arrays,
+    patch_arrays,
+)
+from cronstream.shared.db import query
+from cronstream.shared.logs import log
+from cronstream.shared.records import Alert, Command, ExecutionEvent, Heartbeat, JobDefinition, now_utc
+from cronstream.shared.schedule import next_fire
+from cronstream.shared.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Fresh:
+    """The part of a batch not projected yet, inside its open transaction."""
+
+    conn: Any
+    events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
+    beats: list[Heartbeat] = field(default_factory=list)
+    definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
+    dead: list[Any] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.events) + len(self.beats) + len(self.definitions) + len(self.commands) \
+            + len(self.alerts)
+
+
+def clean(value: Any) -> Any:
+    """A value PostgreSQL text and jsonb accept: NUL replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").replace("\\u0000", "\\ufffd")
+    return value
+
+
+def cleaned(columns: list[list[Any]]) -> list[list[Any]]:
+    return [[clean(v) for v in column] for column in columns]
+
+
+class ProjectionStore:
+    def __init__(self, pool: asyncpg.Pool, group: str, topics: Topics) -> None:
+        self.pool = pool
+        self.group = group
+        self.topics = topics
+
+    async def stored_offsets(self) -> dict[tuple[str, int], int]:
+        rows = await self.pool.fetch(query("load_offsets"), self.group)
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+
+    @asynccontextmanager
+    async def transaction(self, batch: MonitorBatch) -> AsyncIterator[Fresh]:
+        """Open the batch's transaction, fence it, yield its fresh part; on a clean exit
+        store the batch's offsets and commit."""
+        t = self.topics
+        async with self.pool.acquire() as conn, conn.transaction():
+            stored = await self._fence(conn, batch)
+
+            def new(topic: str, partition: int, offset: int) -> bool:
+                return offset >= stored.get((topic, partition), 0)
+
+            fresh = Fresh(
+                conn,
+                events=[e for e in batch.events if new(t.execution_events, e[1], e[2])],
+                beats=[b for b, p, o in batch.beats if new(t.heartbeats, p, o)],
+                definitions=[d[:3] for d in batch.definitions if new(t.job_definitions, d[3], d[4])],
+                commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
+                alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
+                dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
+                offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
+            )
+            yield fresh
+            await conn.execute(
+                query("store_offsets"), self.group, [k[0] for k in fresh.offsets],
+                [k[1] for k in fresh.offsets], list(fresh.offsets.values()))
+
+    async def _fence(self, conn: Any, batch: MonitorBatch) -> dict[tuple[str, int], int]:
+        """Lock the offset rows of the batch's partitions (in a fixed order) and return
+        them."""
+        keys = sorted(batch.starts)
+        topics, partitions = [t for t, _ in keys], [p for _, p in keys]
+        await conn.execute(query("ensure_offsets"), self.group, topics, partitions,
+                           [batch.starts[k] for k in keys])
+        stored = {(r["topic"], r["partition"]): r["next_offset"]
+                  for r in await conn.fetch(query("lock_offsets"), self.group, topics, partitions)}
+        overlap = [k for k in keys if stored.get(k, 0) > batch.starts[k]]
+        if overlap:
+            log(logger, "projected_records_skipped", partitions=len(overlap),
+                reason="already projected (a rebalance moved the partition)")
+        return stored
+
+    async def write(self, fresh: Fresh, sanitize: bool = False) -> list[ExecutionPatch]:
+        """Project the fresh records; returns the execution patches written."""
+        conn = fresh.conn
+        tidy = cleaned if sanitize else (lambda columns: columns)
+        patches: list[ExecutionPatch] = []
+        if fresh.events:
+            await conn.execute(query("insert_events"), *tidy(event_arrays(fresh.events)))
+            patches = sorted(fold([e for e, _, _ in fresh.events]).values(),
+                             key=lambda p: p.execution_id)
+            await conn.execute(query("upsert_executions"), *tidy(patch_arrays(patches)))
+        if fresh.beats:
+            await conn.execute(query("upsert_workers"), *tidy(heartbeat_arrays(fresh.beats)))
+        if fresh.alerts:
+            await conn.execute(query("upsert_alerts"), *tidy(alert_arrays(fresh.alerts)))
+        for job_id, definition, seen_at in fresh.definitions:
+            await self._definition(conn, job_id, definition, seen_at, sanitize)
+        return patches
+
+    async def _definition(self, conn: Any, job_id: str, d: JobDefinition | None, seen_at: datetime,
+                          sanitize: bool) -> None:
+        if d is None:
+            await conn.execute(query("delete_definition"), job_id, seen_at)
+            await conn.execute(query("delete_dependencies"), job_id)
+            return
+        upcoming = None
+        if d.enabled and d.type != "DEPENDENT":
+            try:
+                upcoming = next_fire(d, max(now_utc(), seen_at))
+            except Exception as exc:  # the scheduler suspends such a job; show no next run
+                log(logger, "next_fire_unknown", logging.WARNING, job_id=job_id, error=str(exc)[:300])
+        args: list[Any] = [
+            d.job_id, d.name, d.type, d.schedule, d.interval_seconds, d.run_at, d.timezone,
+            d.start_at, d.end_at, list(d.depends_on), d.trigger_rule, d.condition,
+            d.requires_approval, d.handler, json.dumps(d.params), d.max_retries,
+            d.retry_delay_seconds, d.max_retry_delay_seconds, d.timeout_seconds, d.priority,
+            d.queue, d.concurrency_policy, d.misfire_policy, d.misfire_grace_seconds, d.enabled,
+            d.created_by, d.created_at, upcoming, seen_at, d.model_dump_json(),
+        ]
+        if sanitize:
+            args = [clean(a) for a in args]
+        await conn.execute(query("upsert_definition"), *args)
+        await conn.execute(query("delete_dependencies"), job_id)
+        if d.depends_on:
+            await conn.execute(query("insert_dependencies"), job_id, list(d.depends_on))
