@@ -84,13 +84,14 @@ class Lane:
             raise CallTimedOut(f"{self.name}: {name} did not return within {deadline:g}s") from None
 
     def close(self, wait: float = 0.0) -> bool:
-        """Stop after the calls queued so far; wait up to `wait` seconds. Returns whether the
-        thread ended; if not, the lane counts as abandoned."""
+        """Stop after the calls queued so far. With `wait`, wait that long for the thread
+        to end and count the lane as abandoned if it did not (its call is stuck)."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
-        if wait > 0:
-            self._thread.join(wait)
+        if wait <= 0:
+            return True
+        self._thread.join(wait)
         if self._thread.is_alive():
             self.abandon()
             return False

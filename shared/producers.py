@@ -115,6 +115,8 @@ class _Blocking:
                     continue
                 self._abort(timeout)
                 raise TransactionAborted(str(exc)) from exc
+            except ProducerFenced:
+                raise
             except Exception as exc:
                 # Not Kafka's error (a record too large, a bad header...): never leave the
                 # producer in a transaction.

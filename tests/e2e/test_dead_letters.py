@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from cronstream.shared.kafka import DLQ_ERROR, DLQ_SERVICE, DLQ_TOPIC
+from cronstream.shared.inbound import DLQ_ERROR, DLQ_SERVICE, DLQ_TOPIC
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import eventually, header, produce, produce_json, read_all, sql

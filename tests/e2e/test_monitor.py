@@ -127,9 +127,13 @@ def test_a_killed_worker_is_declared_offline_and_its_run_finishes_elsewhere_once
     assert statuses["COMPLETED"] == 1 and statuses["REQUEUED"] == 1
 
 
-def test_a_zombies_late_report_never_overwrites_the_requeued_run(
+def test_a_zombie_is_fenced_and_its_late_report_never_commits(
     processes: Processes, topics: Settings, tmp_path: Path,
 ) -> None:
+    """A worker paused past dead_after (GC, a frozen VM) is fenced before its execution is
+    re-queued: when it wakes up, its late report of that execution — and the RetryRequest
+    a failure would carry — can never commit, and it exits with a clear error
+    (docs/decisions/0008)."""
     first, zombie = slow_job_on_one_of_two_workers(
         processes, topics, "paused-worker", 10, tmp_path / "runs.txt")
     zombie.signal(signal.SIGSTOP)
@@ -137,14 +141,17 @@ def test_a_zombies_late_report_never_overwrites_the_requeued_run(
                       40, message="the requeued run completes")
     assert done["worker_id"] != first["worker_id"]
     zombie.signal(signal.SIGCONT)
-    # The zombie's handler finished meanwhile (its pool process was not stopped): it reports.
-    eventually(lambda: sql(topics.database_url, "SELECT 1 FROM execution_events WHERE "
-                           "execution_id = $1 AND status = 'COMPLETED' AND delivery = 1",
-                           first["execution_id"]), 30, message="the zombie's late COMPLETED")
+    # The zombie's handler finished meanwhile (its pool process was not stopped): it tries
+    # to report, is refused, and stops.
+    assert zombie.proc.wait(60) != 0, "the fenced worker exits"
+    assert "action=worker_fenced" in zombie.log()
+    late = sql(topics.database_url, "SELECT status FROM execution_events WHERE execution_id = $1 "
+               "AND delivery = 1 AND status NOT IN ('QUEUED', 'RUNNING', 'PROGRESS')",
+               first["execution_id"])
+    assert late == [], "no report of the stale delivery ever committed"
     row = rows(topics, "paused-worker")[0]
     assert (row["worker_id"], row["delivery"], row["completed_at"]) == (
-        done["worker_id"], 2, done["completed_at"]), "the late report changed nothing"
-
+        done["worker_id"], 2, done["completed_at"])
 
 def dependent(job_id: str, depends_on: list[str], **fields: Any) -> dict[str, Any]:
     return {"job_id": job_id, "type": "DEPENDENT", "depends_on": depends_on, "handler": "noop",

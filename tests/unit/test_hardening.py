@@ -1,0 +1,152 @@
+"""One record, one slow call, one bad value never stops a service (issue 9, items 1-4):
+dead letters for anything a record raises, bounded copies, deadlines on blocking calls,
+limits in the model, suspension instead of a crashed leader, bounded logs, no secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka import Message
+from pydantic import ValidationError
+
+from cronstream.services.scheduler.clock import Clock
+from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.condition import ConditionError, parse_condition
+from cronstream.shared.inbound import (
+    DLQ_ERROR,
+    DLQ_ORIGINAL_SIZE,
+    DLQ_TRUNCATED,
+    MAX_DEAD_LETTER_VALUE,
+    Inbound,
+)
+from cronstream.shared.lanes import CallTimedOut, Lane, abandoned_lanes
+from cronstream.shared.logs import MAX_VALUE, LogfmtFormatter, log
+from cronstream.shared.records import JobDefinition, JobDue
+from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.topics import Topics
+
+TOPICS = Topics("t.", 3)
+
+
+def message(value: bytes | None, key: bytes | None = b"j", topic: str = "t.job-due",
+            offset: int = 7) -> Message:
+    return Message(topic=topic, partition=1, offset=offset, key=key, value=value, headers=[])
+
+
+def headers(record: object) -> dict[str, bytes]:
+    return dict(record.headers)  # type: ignore[attr-defined]
+
+
+def test_any_failure_while_decoding_dead_letters_the_record_and_names_it() -> None:
+    inbound = Inbound("dispatcher", TOPICS)
+    bad = [message(b"not json"), message(None), message(json.dumps({"job_id": "j"}).encode()),
+           message(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)]
+    batch = inbound.batch(bad)
+    assert [batch.decode(JobDue, m, key_field="job_id") for m in batch.records] == [None] * 4
+    assert len(batch.dead) == 4
+    reasons = [headers(r)[DLQ_ERROR].decode() for r in batch.dead]
+    assert "invalid JobDue" in reasons[0] and "null value" in reasons[1]
+    assert "job_id" in reasons[2] or "execution_id" in reasons[2]
+    assert batch.next_offsets == {("t.job-due", 1): 8}
+
+
+def test_a_poison_condition_is_a_validation_error_not_a_crash() -> None:
+    nested = "(" * 300 + 'a.status == "COMPLETED"' + ")" * 300
+    with pytest.raises(DecodeError, match="condition"):
+        decode(JobDefinition, json.dumps({
+            "job_id": "d", "type": "DEPENDENT", "depends_on": ["a"], "handler": "noop",
+            "condition": nested}).encode())
+    with pytest.raises(ConditionError, match="deeper than"):
+        parse_condition("(" * 40 + "a.status" + ")" * 40, ["a"])
+    with pytest.raises(ConditionError, match="tokens"):
+        parse_condition(" or ".join(["a.status"] * 200), ["a"])
+    assert parse_condition("((a.result.x > 1))", ["a"]).evaluate({"a": {"result": {"x": 2}}})
+
+
+def test_dead_letter_copies_are_truncated_with_their_original_size() -> None:
+    huge = b"x" * (1024 * 1024)
+    batch = Inbound("scheduler", TOPICS).batch([message(huge, topic="t.job-definitions")])
+    batch.reject(batch.records[0], "too big")
+    copy = batch.dead[0]
+    assert copy.value is not None and len(copy.value) == MAX_DEAD_LETTER_VALUE
+    assert headers(copy)[DLQ_ORIGINAL_SIZE] == str(len(huge)).encode()
+    assert headers(copy)[DLQ_TRUNCATED] == b"true"
+
+
+@pytest.mark.parametrize("field", ["start_at", "end_at"])
+def test_datetimes_outside_what_computations_handle_are_refused(field: str) -> None:
+    with pytest.raises(ValidationError, match="must lie between"):
+        JobDefinition.model_validate_json(json.dumps({
+            "job_id": "c", "type": "CRON", "schedule": "0 * * * *", "handler": "noop",
+            field: "9999-12-31T23:00:00Z"}))
+
+
+def test_a_cron_that_never_fires_is_refused_and_a_rare_one_computes_quickly() -> None:
+    with pytest.raises(ValidationError, match="never fires"):
+        JobDefinition(job_id="c", type="CRON", schedule="0 0 31 2 *", handler="noop")
+    rare = JobDefinition(job_id="c", type="CRON", schedule="0 0 29 2 *", handler="noop")
+    from cronstream.shared.schedule import next_fire
+    started = time.perf_counter()
+    fire = next_fire(rare, datetime(2029, 3, 1, tzinfo=UTC))
+    assert fire == datetime(2032, 2, 29, tzinfo=UTC)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_a_job_the_clock_cannot_compute_is_suspended_and_the_others_keep_firing() -> None:
+    clock = Clock()
+    good = JobDefinition(job_id="good", type="INTERVAL", interval_seconds=60, handler="noop")
+    clock.apply_definition("good", good, good.to_json(), 1, 0)
+    # A record that validated once but no longer does (e.g. written by an older version):
+    clock.load_definition("poison", b'{"job_id": "poison", "type": "CRON"}', 2, 0)
+    state = {"definition_offset": 1, "next_fire_ms": 60_000, "last_fire_ms": None}
+    clock.load_state("poison", json.dumps({**state, "definition_offset": 2}).encode())
+    clock.reconcile()
+    plan = clock.plan(now_ms=60_000)
+    assert [f.job_id for f in plan.dues] == ["good"]
+    assert "poison" in clock.suspended
+    assert clock.suspensions and clock.suspensions[0][0] == "poison"
+
+
+def test_a_call_that_hangs_is_given_up_at_its_deadline() -> None:
+    lane = Lane("test-hang")
+    release = threading.Event()
+    before = abandoned_lanes()
+
+    async def main() -> None:
+        with pytest.raises(CallTimedOut, match=r"did not return within 0\.2s"):
+            await lane.call(release.wait, deadline=0.2)
+
+    started = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - started < 2
+    lane.abandon()
+    assert abandoned_lanes() == before + 1
+    release.set()
+
+
+def test_log_lines_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    formatter = LogfmtFormatter("test")
+    logger = logging.getLogger("bounded")
+    with caplog.at_level(logging.INFO, logger="bounded"):
+        log(logger, "big", value="x" * 100_000)
+    line = formatter.format(caplog.records[-1])
+    assert len(line) < MAX_VALUE + 300
+
+
+def test_no_secret_survives_redaction() -> None:
+    url = "postgresql://app:hunter2@db:5432/cronstream?sslpassword=s3cret&sslmode=require"
+    shown = redact_url(url)
+    assert "hunter2" not in shown and "s3cret" not in shown and "sslmode=require" in shown
+    settings = Settings(database_url=url, kafka_config={
+        "sasl.password": "p", "sasl.oauthbearer.config": "clientSecret=abc",
+        "ssl.key.pem": "-----BEGIN", "sasl.username": "me"})
+    text = json.dumps(settings.redacted(), default=str)
+    for secret in ("hunter2", "s3cret", "clientSecret=abc", "BEGIN", '"p"'):
+        assert secret not in text
+    assert '"me"' in text
