@@ -41,7 +41,7 @@ from cronstream.shared.records import (
 )
 from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import new_traceparent, trace_headers
+from cronstream.shared.telemetry import new_headers
 
 __all__ = ["Client", "DefinitionError", "load_definitions", "parse_definitions"]
 
@@ -164,7 +164,7 @@ class Client:
         for definition in stamped:
             self._producer.produce(OutRecord(
                 self.topics.job_definitions, definition.job_id.encode(), definition.to_json(),
-                trace_headers(new_traceparent()),
+                new_headers(),
             ))
         self._producer.flush()
         return [d.job_id for d in stamped]
@@ -241,7 +241,7 @@ class Client:
                           issued_at=datetime.now(UTC),
                           issued_by=issued_by or f"{getpass.getuser()}@{socket.gethostname()}")
         self._producer.produce(OutRecord(self.topics.commands, str(execution_id).encode(),
-                                         command.to_json(), trace_headers(new_traceparent())))
+                                         command.to_json(), new_headers()))
         self._producer.flush()
         return command
 
@@ -265,6 +265,6 @@ class Client:
             job=JobSnapshot.of(definition),
         )
         self._producer.produce(OutRecord(self.topics.job_due, definition.job_id.encode(),
-                                         due.to_json(), trace_headers(new_traceparent())))
+                                         due.to_json(), new_headers()))
         self._producer.flush()
         return due.execution_id

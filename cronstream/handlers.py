@@ -96,6 +96,11 @@ class Context:
     idempotency_key: str
     scheduled_at: datetime
     params: dict[str, Any]
+    # The W3C trace context of the execution's run (the handler's own span while it runs):
+    # user code instrumented with OpenTelemetry joins the execution's trace by itself,
+    # because this context is current while the handler runs; `traceparent` is there for
+    # anything that propagates it by hand (an HTTP header to a service that is not).
+    traceparent: str | None = None
     _progress: Callable[[float, str | None], None] = field(repr=False, default=lambda p, m: None)
     _cancel: threading.Event = field(repr=False, default_factory=threading.Event)
 
@@ -104,6 +109,12 @@ class Context:
         if not 0 <= percent <= 100:
             raise ValueError(f"percent must be within 0-100, got {percent}")
         self._progress(float(percent), None if message is None else str(message)[:1024])
+
+    @property
+    def trace_id(self) -> str | None:
+        """The execution's trace id (32 hex digits), as stored in job_executions.trace_id."""
+        tp = self.traceparent
+        return tp[3:35] if tp and len(tp) == 55 else None
 
     @property
     def cancelled(self) -> bool:

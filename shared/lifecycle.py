@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from cronstream.shared import logs, metrics
+from cronstream.shared import logs, metrics, telemetry
 from cronstream.shared.health import Health, HealthServer
 from cronstream.shared.lanes import abandoned_lanes
 from cronstream.shared.logs import log
@@ -61,6 +61,7 @@ def run_service(service: Service, settings: Settings) -> int:
     logs.configure(service.name, settings.log_level)
     log(logger, "service_starting", service=service.name, settings=settings.redacted())
     metrics.announce(service.name)
+    telemetry.configure(service.name)
     try:
         server = HealthServer(service.health, settings.http_bind, settings.port_for(service.name))
     except OSError as exc:
@@ -80,6 +81,7 @@ def run_service(service: Service, settings: Settings) -> int:
         code = 1
     finally:
         server.stop()
+        telemetry.shutdown()
     if code == 0:
         log(logger, "service_stopped", service=service.name)
     return _exit(code)

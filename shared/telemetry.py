@@ -1,34 +1,136 @@
-"""Tracing: W3C trace context on every record (SPEC §2).
+"""Tracing with OpenTelemetry: W3C trace context on every record, one trace per execution.
 
-The scheduler (or whoever produces a JobDue) starts a trace per execution; each service
-that handles the execution's records continues it with a child span id. The
-`traceparent` header travels on every Kafka record, so any OpenTelemetry-aware consumer
-of `execution-events` can join the trace. Only the context propagates so far (a few
-random bytes per record); exporting spans is left to the observability work.
+Configured the standard way (`configure`): `OTEL_SERVICE_NAME` (default
+`cronstream-<service>`), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`(`_ARG`),
+`OTEL_PROPAGATORS` (default `tracecontext,baggage`), and `OTEL_EXPORTER_OTLP_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, exporting OTLP over HTTP.
+
+One trace per execution: the scheduler's fire span is the root; the dispatcher's queue
+span, the worker's run span (with the handler's span inside it, in the pool process) and
+the monitor's projection and DAG spans are its descendants. Retries, requeues and DAG
+steps link to the execution they come from. The context travels in Kafka record headers
+(`traceparent`, `tracestate`, `baggage`) through the standard propagators, with the
+getter and setter below.
+
+Without an endpoint nothing is exported and nothing is recorded, and the hot path pays
+(almost) nothing: the root of each execution still gets its ids (so the trace id is
+stored in `job_executions.trace_id` and written in log lines), and every later hop
+forwards the context it received unchanged instead of making spans nobody will see
+(`Hop`). With an endpoint, every hop makes its span.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter, Setter
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 TRACEPARENT = "traceparent"
+TRACER = "cronstream"
 
 Headers = list[tuple[str, bytes]]
 
-
-def _hex(nbytes: int) -> str:
-    return os.urandom(nbytes).hex()
+_state: dict[str, Any] = {"configured": False, "recording": False, "provider": None}
 
 
-def new_traceparent() -> str:
-    return f"00-{_hex(16)}-{_hex(8)}-01"
+class _KafkaSetter(Setter[Headers]):
+    def set(self, carrier: Headers, key: str, value: str) -> None:
+        carrier.append((key, value.encode()))
 
 
-def child_traceparent(parent: str | None) -> str:
-    """A new span in the parent's trace, or a new trace when there is no valid parent."""
-    if parent and len(parent) == 55 and parent[2] == "-" and parent[35] == "-":
-        return f"{parent[:36]}{_hex(8)}{parent[52:]}"
-    return new_traceparent()
+class _KafkaGetter(Getter[Headers]):
+    def get(self, carrier: Headers, key: str) -> list[str] | None:
+        found = [v.decode("utf-8", "replace") for k, v in carrier if k == key and v]
+        return found or None
+
+    def keys(self, carrier: Headers) -> list[str]:
+        return [k for k, _ in carrier]
+
+
+SETTER = _KafkaSetter()
+GETTER = _KafkaGetter()
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def configure(service: str) -> None:
+    """Once per process: the tracer provider of `service`."""
+    if _state["configured"]:
+        return
+    _state["configured"] = True
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"cronstream-{service}"}
+    resource = Resource.create(attributes)
+    if _endpoint():
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _state["recording"] = True
+    else:
+        provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF)
+    _state["provider"] = provider
+    trace.set_tracer_provider(provider)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(TraceIdFilter())
+
+
+def recording() -> bool:
+    """Whether spans are made and exported (an OTLP endpoint is configured)."""
+    return bool(_state["recording"])
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    provider = _state["provider"]
+    if provider is not None and recording():
+        provider.force_flush(timeout_ms)
+
+
+def shutdown() -> None:
+    provider = _state["provider"]
+    if provider is not None:
+        provider.shutdown()
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER)
+
+
+# -- record headers ---------------------------------------------------------------------
+
+
+def inject(ctx: otel_context.Context | None = None) -> Headers:
+    """The headers that carry `ctx` (default: the current context)."""
+    headers: Headers = []
+    propagate.inject(headers, context=ctx, setter=SETTER)
+    return headers
+
+
+def extract(headers: object) -> otel_context.Context:
+    """The context carried by a record's headers (empty when there is none)."""
+    return propagate.extract(headers if isinstance(headers, list) else [], getter=GETTER)
+
+
+def carried(headers: object) -> Headers:
+    """The trace headers among a record's headers, to forward them unchanged."""
+    if not isinstance(headers, list):
+        return []
+    return [(k, v) for k, v in headers if k in ("traceparent", "tracestate", "baggage")]
 
 
 def traceparent_of(headers: object) -> str | None:
@@ -44,9 +146,132 @@ def traceparent_of(headers: object) -> str | None:
     return None
 
 
-def trace_headers(traceparent: str) -> Headers:
-    return [(TRACEPARENT, traceparent.encode("ascii"))]
-
-
 def trace_id(traceparent: str | None) -> str | None:
-    return traceparent[3:35] if traceparent and len(traceparent) == 55 else None
+    """The 32-hex trace id of a traceparent (None for none or an invalid one)."""
+    if traceparent and len(traceparent) == 55 and traceparent[2] == "-" and traceparent[35] == "-":
+        value = traceparent[3:35]
+        return value if value != "0" * 32 else None
+    return None
+
+
+def trace_id_of(span: Span) -> str | None:
+    context = span.get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+# -- spans --------------------------------------------------------------------------------
+
+
+def _root_context() -> SpanContext:
+    return SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, False,
+                       TraceFlags(TraceFlags.DEFAULT))
+
+
+def root(name: str, attributes: dict[str, Any] | None = None,
+         links: Sequence[Link] = (), kind: SpanKind = SpanKind.PRODUCER) -> Span:
+    """A new trace (an execution's fire). Not recording: ids only, no SDK work."""
+    if not recording():
+        return NonRecordingSpan(_root_context())
+    return tracer().start_span(name, context=otel_context.Context(), kind=kind,
+                               attributes=attributes, links=links)
+
+
+def link_to(headers: object) -> list[Link]:
+    """A span link to the context a record carries (a retry, requeue or DAG step links to
+    the execution it comes from)."""
+    if not recording():
+        return []
+    span_context = trace.get_current_span(extract(headers)).get_span_context()
+    return [Link(span_context)] if span_context.is_valid else []
+
+
+class Hop:
+    """One service's part of an execution's trace: a span that is a child of the context a
+    consumed record carries, and the headers that carry the span onwards.
+
+    Not recording, there is no span: the received trace headers are forwarded unchanged
+    (the trace id is what matters then, and it is the same)."""
+
+    __slots__ = ("headers", "span")
+
+    def __init__(self, name: str, received: object, kind: SpanKind = SpanKind.CONSUMER,
+                 attributes: dict[str, Any] | None = None, links: Sequence[Link] = ()) -> None:
+        if recording():
+            self.span: Span | None = tracer().start_span(
+                name, context=extract(received), kind=kind, attributes=attributes, links=links)
+            self.headers = inject(trace.set_span_in_context(self.span))
+        else:
+            self.span = None
+            self.headers = carried(received) or inject(trace.set_span_in_context(
+                NonRecordingSpan(_root_context())))
+
+    @property
+    def traceparent(self) -> str | None:
+        return traceparent_of(self.headers)
+
+    def context(self) -> otel_context.Context:
+        return extract(self.headers)
+
+    def end(self, error: str | None = None) -> None:
+        if self.span is not None:
+            if error:
+                self.span.set_status(trace.Status(trace.StatusCode.ERROR, error[:500]))
+            self.span.end()
+
+
+def headers_of(span: Span) -> Headers:
+    return inject(trace.set_span_in_context(span))
+
+
+def new_headers() -> Headers:
+    """Headers of a fresh trace, for records that start one (commands, heartbeats...)."""
+    return headers_of(root("cronstream.record"))
+
+
+@contextlib.contextmanager
+def attached(headers: object) -> Iterator[None]:
+    """Make the context a record carries current (for log lines and handler spans)."""
+    token = otel_context.attach(extract(headers))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def handler_span(handler: str, **cronstream: Any) -> Iterator[str | None]:
+    """The handler's own span, current while it runs (user spans nest in it); yields the
+    traceparent of the current context, for the handler's Context."""
+    if recording():
+        attributes = {f"cronstream.{k}": str(v) for k, v in cronstream.items()}
+        attributes["cronstream.handler"] = handler
+        with tracer().start_as_current_span(f"cronstream.handler {handler}", kind=SpanKind.INTERNAL,
+                                            attributes=attributes):
+            yield traceparent_of(inject())
+    else:
+        yield traceparent_of(inject())
+
+
+class TraceIdFilter(logging.Filter):
+    """Adds `trace_id=` to every log line written while a traced context is current."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "trace_id", None) is None:
+            span_context = trace.get_current_span().get_span_context()
+            if span_context.is_valid:
+                record.trace_id = format(span_context.trace_id, "032x")
+        return True
+
+
+def messaging(topic: str, partition: int | None = None, offset: int | None = None,
+              **cronstream: Any) -> dict[str, Any]:
+    """Span attributes: the OpenTelemetry messaging conventions plus ours."""
+    attributes: dict[str, Any] = {"messaging.system": "kafka", "messaging.destination.name": topic}
+    if partition is not None:
+        attributes["messaging.destination.partition.id"] = str(partition)
+    if offset is not None:
+        attributes["messaging.kafka.offset"] = offset
+    for key, value in cronstream.items():
+        if value is not None:
+            attributes[f"cronstream.{key}"] = str(value) if not isinstance(value, int | float) else value
+    return attributes

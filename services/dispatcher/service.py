@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from uuid import uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -47,11 +48,21 @@ from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionAborted, TransactionalProducer
 from cronstream.shared.records import Command, ExecutionEvent, ExecutionStatus, JobDue, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import child_traceparent, trace_headers, traceparent_of
+from cronstream.shared.telemetry import Hop, messaging, new_headers, recording
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "dispatcher"
+
+
+@dataclass
+class _Work:
+    """What one batch turns into, before its transaction."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    hops: list[Hop] = field(default_factory=list)
+    added: list[JobDue] = field(default_factory=list)
+    new_queues: set[str] = field(default_factory=set)
 
 
 class DispatcherService:
@@ -133,45 +144,26 @@ class DispatcherService:
         assert self._consumer is not None and self._producer is not None
         started = time.monotonic()
         batch = self.inbound.batch(messages)
-        records: list[OutRecord] = []
-        added: list[JobDue] = []
-        new_queues: set[str] = set()
+        work = _Work()
         now_ms = time.time_ns() // 1_000_000
         for msg in batch.records:
             if msg.topic() != self.topics.job_due:
                 self._observe(msg)
-                continue
-            due = batch.decode(JobDue, msg, key_field="job_id")
-            if due is None:
-                continue
-            if self.seen.seen(due):
-                self._decided["DUPLICATE"] += 1
-                log(logger, "duplicate_due_dropped", job_id=due.job_id,
-                    execution_id=str(due.execution_id), delivery=due.delivery, reason=due.reason)
-                continue
-            try:
-                out = self._dispatch(due, msg)
-            except Exception as exc:  # one record never stops the dispatcher
-                batch.reject(msg, f"dispatch failed: {type(exc).__name__}: {exc}")
-                continue
-            records.extend(out)
-            self.seen.remember(due)
-            added.append(due)
-            if self.seen.durable(due):
-                key, value = self.seen.record(due, now_ms)
-                records.append(OutRecord(self.topics.dispatcher_state, key, value,
-                                         partition=position(msg)[1]))
-            if due.job.queue not in self._queues:
-                new_queues.add(due.job.queue)
+            else:
+                self._take(msg, batch, work, now_ms)
+        records, hops, added, new_queues = work.records, work.hops, work.added, work.new_queues
         records.extend(batch.dead)
         if new_queues:
             await asyncio.get_running_loop().run_in_executor(
                 None, ensure_topics, self.settings, self.topics.work_specs(sorted(new_queues)))
             self._queues |= new_queues
+        state_headers = new_headers()
         records.extend(
-            OutRecord(self.topics.dispatcher_state, job_id.encode(), value, partition=partition)
+            OutRecord(self.topics.dispatcher_state, job_id.encode(), value, state_headers,
+                      partition=partition)
             for job_id, partition, value in self.policy.drain_dirty())
-        records.extend(OutRecord(self.topics.dispatcher_state, key.encode(), None, partition=p)
+        records.extend(OutRecord(self.topics.dispatcher_state, key.encode(), None, state_headers,
+                                 partition=p)
                        for key, p in self.seen.expired)
         self.seen.expired = []
         try:
@@ -181,14 +173,46 @@ class DispatcherService:
             log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc),
                 outcome_known=type(exc) is TransactionAborted)
             self._decided.clear()
+            for hop in hops:
+                hop.end(str(exc))
             await self._recover(batch)
             return
+        for hop in hops:
+            hop.end()
         metrics.DISPATCH_BATCH.observe(time.monotonic() - started)
         for decision, count in self._decided.items():
             metrics.DISPATCH_DECISIONS.labels(decision=decision).inc(count)
         self._decided.clear()
         if added:
             log(logger, "executions_queued", logging.DEBUG, count=len(added))
+
+    def _take(self, msg: Message, batch: Batch, work: _Work, now_ms: int) -> None:
+        """One JobDue: dropped as a repeat, dead-lettered, or turned into records."""
+        due = batch.decode(JobDue, msg, key_field="job_id")
+        if due is None:
+            return
+        if self.seen.seen(due):
+            self._decided["DUPLICATE"] += 1
+            log(logger, "duplicate_due_dropped", job_id=due.job_id,
+                execution_id=str(due.execution_id), delivery=due.delivery, reason=due.reason)
+            return
+        hop = self._hop(due, msg)
+        try:
+            out = self._dispatch(due, msg, hop)
+        except Exception as exc:  # one record never stops the dispatcher
+            batch.reject(msg, f"dispatch failed: {type(exc).__name__}: {exc}")
+            hop.end(str(exc))
+            return
+        work.hops.append(hop)
+        work.records.extend(out)
+        self.seen.remember(due)
+        work.added.append(due)
+        if self.seen.durable(due):
+            key, value = self.seen.record(due, now_ms)
+            work.records.append(OutRecord(self.topics.dispatcher_state, key, value, hop.headers,
+                                          partition=position(msg)[1]))
+        if due.job.queue not in self._queues:
+            work.new_queues.add(due.job.queue)
 
     async def _recover(self, batch: Batch) -> None:
         """After an aborted or unknown transaction: rewind to what committed and read the
@@ -197,7 +221,15 @@ class DispatcherService:
         await self._consumer.call(self._rewind, list(batch.next_offsets))
         await self._load_state(set(self._owned))
 
-    def _dispatch(self, due: JobDue, msg: Message) -> list[OutRecord]:
+    def _hop(self, due: JobDue, msg: Message) -> Hop:
+        """The queue span: a child of the fire that made the JobDue."""
+        topic, partition, offset = position(msg)
+        attributes = messaging(topic, partition, offset, job_id=due.job_id,
+                               execution_id=due.execution_id, attempt=due.attempt_number,
+                               delivery=due.delivery) if recording() else None
+        return Hop("cronstream.queue", msg.headers(), attributes=attributes)
+
+    def _dispatch(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
         """The records one JobDue turns into, under its job's concurrency policy."""
         decision = self.policy.decide(due)
         self._decided[{"SKIP": "SKIPPED", "REPLACE": "REPLACED"}.get(decision, "QUEUED")] += 1
@@ -205,16 +237,16 @@ class DispatcherService:
             running = self.policy.others(due)[0]
             log(logger, "execution_skipped", job_id=due.job_id,
                 execution_id=str(due.execution_id), policy="FORBID")
-            return [self._event(due, msg, "SKIPPED", priority=due.job.priority, queue=due.job.queue,
+            return [self._event(due, hop, "SKIPPED", priority=due.job.priority, queue=due.job.queue,
                                 error_message=(
                 f"skipped: execution {running.execution_id} of this job is still "
                 f"{running.status} (concurrency_policy FORBID)"))]
-        records = self._replace(due, msg) if decision == "REPLACE" else []
-        records.extend(self._queue(due, msg))
+        records = self._replace(due, msg, hop) if decision == "REPLACE" else []
+        records.extend(self._queue(due, msg, hop))
         self.policy.queued(due, position(msg)[1])
         return records
 
-    def _event(self, due: JobDue | ActiveExecution, msg: Message, status: ExecutionStatus,
+    def _event(self, due: JobDue | ActiveExecution, hop: Hop, status: ExecutionStatus,
                job_id: str | None = None, **fields: object) -> OutRecord:
         job = job_id or due.job_id  # type: ignore[union-attr]
         terminal = status in ("SKIPPED", "CANCELLED")
@@ -224,21 +256,19 @@ class DispatcherService:
             occurred_at=now_utc(), delivery=due.delivery,
             completed_at=now_utc() if terminal else None, **fields,  # type: ignore[arg-type]
         )
-        return OutRecord(self.topics.execution_events, job.encode(), event.to_json(),
-                         trace_headers(child_traceparent(traceparent_of(msg.headers()))))
+        return OutRecord(self.topics.execution_events, job.encode(), event.to_json(), hop.headers)
 
-    def _queue(self, due: JobDue, msg: Message) -> list[OutRecord]:
+    def _queue(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
         key = due.job_id.encode()
         return [
-            self._event(due, msg, "QUEUED", priority=due.job.priority, queue=due.job.queue,
+            self._event(due, hop, "QUEUED", priority=due.job.priority, queue=due.job.queue,
                         reason=due.reason, idempotency_key=due.idempotency_key, job=due.job,
                         approved_by=due.approved_by),
             # The work record is the JobDue itself, byte for byte.
-            OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(),
-                      trace_headers(child_traceparent(traceparent_of(msg.headers())))),
+            OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(), hop.headers),
         ]
 
-    def _replace(self, due: JobDue, msg: Message) -> list[OutRecord]:
+    def _replace(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
         """REPLACE: ask every other non-terminal execution of the job to stop.
 
         Only a CANCEL command: a running one is stopped by its worker, a queued one is
@@ -252,7 +282,7 @@ class DispatcherService:
                               job_id=due.job_id, reason=reason, issued_at=now_utc(),
                               issued_by=f"dispatcher/{self.instance}")
             records.append(OutRecord(self.topics.commands, str(other.execution_id).encode(),
-                                     command.to_json()))
+                                     command.to_json(), hop.headers))
             self.policy.remove(due.job_id, other.execution_id, position(msg)[1])
             log(logger, "execution_replaced", job_id=due.job_id,
                 execution_id=str(other.execution_id), by=str(due.execution_id))

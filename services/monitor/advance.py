@@ -19,6 +19,8 @@ import json
 import logging
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
 from cronstream.services.monitor.dag import DAG_FINAL, decide, upstream_view
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.projection import ExecutionPatch
@@ -28,6 +30,7 @@ from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import Command, ExecutionEvent, JobDefinition, now_utc
 from cronstream.shared.retry import attempts_left, retry_execution_id
+from cronstream.shared.telemetry import Headers, Hop, attached, new_headers, recording
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +62,22 @@ class DagAdvancer:
                 if claimed is None:
                     continue  # evaluated already in this run
                 metrics.DAG_EVALUATIONS.labels(decision=verdict.decision).inc()
-                log(logger, "dag_step_decided", job_id=row["job_id"], run_id=str(patch.run_id),
-                    execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
+                # The evaluation is part of the upstream execution's trace; the step's own
+                # trace links to it.
+                upstream: Headers = [("traceparent", patch.traceparent.encode())] \
+                    if patch.traceparent else []
+                evaluation = Hop("cronstream.dag.evaluate", upstream, kind=SpanKind.INTERNAL,
+                                 attributes={"cronstream.job_id": row["job_id"],
+                                             "cronstream.run_id": str(patch.run_id),
+                                             "cronstream.decision": verdict.decision}
+                                 if recording() else None)
+                with attached(evaluation.headers):
+                    log(logger, "dag_step_decided", job_id=row["job_id"], run_id=str(patch.run_id),
+                        execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
                 records.append(self.outbound.step(
                     JobDefinition.model_validate_json(row["definition"]), patch.run_id, step,
-                    verdict.decision, verdict.detail))
+                    decision=verdict.decision, detail=verdict.detail, evaluation=evaluation.headers))
+                evaluation.end()
         return records
 
 
@@ -96,19 +110,20 @@ class Decisions:
         log(logger, {"APPROVE": "execution_approved", "REJECT": "execution_rejected"}.get(
             command.command, "execution_cancelled"), job_id=row["job_id"],
             execution_id=str(row["execution_id"]), issued_by=command.issued_by)
+        due = self.outbound.due_of(row, reason="DEPENDENCY", approved_by=command.issued_by)
+        hop = self.outbound.continued(f"cronstream.{command.command.lower()}", row, due)
+        hop.end()
         if command.command == "APPROVE":
-            return [self.outbound.due(self.outbound.due_of(
-                row, reason="DEPENDENCY", approved_by=command.issued_by))]
-        due = self.outbound.due_of(row)
+            return [self.outbound.due(due, hop.headers)]
         now = now_utc()
         if command.command == "REJECT":
             return [self.outbound.event(ExecutionEvent.for_due(
                 due, "SKIPPED", occurred_at=now, completed_at=now, rejected_by=command.issued_by,
-                error_message=f"rejected{who}: {command.reason or 'no reason given'}"))]
+                error_message=f"rejected{who}: {command.reason or 'no reason given'}"), hop.headers)]
         return [self.outbound.event(ExecutionEvent.for_due(
             due, "CANCELLED", occurred_at=now, completed_at=now, cancelled_by=command.issued_by,
             error_message=f"cancelled{who} while awaiting approval: "
-                          f"{command.reason or 'no reason given'}"))]
+                          f"{command.reason or 'no reason given'}"), hop.headers)]
 
     async def _cancel_pending_retry(self, conn: Any, command: Command, job_id: str) -> list[OutRecord]:
         """CANCEL of an attempt that does not exist yet: the retry timer of a failed one.
@@ -127,9 +142,11 @@ class Decisions:
             now = now_utc()
             log(logger, "pending_retry_cancelled", job_id=job_id,
                 execution_id=str(command.execution_id), issued_by=command.issued_by)
-            return [self.outbound.retry_tombstone(command.execution_id),
+            headers = new_headers()
+            return [self.outbound.retry_tombstone(command.execution_id, headers),
                     self.outbound.event(ExecutionEvent.for_due(
                         retry, "CANCELLED", occurred_at=now, completed_at=now,
                         cancelled_by=command.issued_by,
-                        error_message=f"pending retry cancelled: {command.reason or 'no reason given'}"))]
+                        error_message=f"pending retry cancelled: {command.reason or 'no reason given'}"),
+                        headers)]
         return []

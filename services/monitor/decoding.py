@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from uuid import UUID
 
 from confluent_kafka import Message
 
@@ -21,6 +22,7 @@ from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import Alert, Command, ExecutionEvent, Heartbeat, JobDefinition
 from cronstream.shared.schedule import from_epoch_ms
+from cronstream.shared.telemetry import traceparent_of
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class MonitorBatch:
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
+    traces: dict[UUID, str] = field(default_factory=dict)  # event_id -> traceparent
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     starts: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -66,6 +69,7 @@ class Decoder:
                 if topic == t.execution_events:
                     event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
                     batch.events.append((event, partition, offset))
+                    self._trace(batch, event, msg)
                 elif topic == t.heartbeats:
                     beat = decode(Heartbeat, msg.value(), key=msg.key(), key_field="worker_id")
                     batch.beats.append((beat, partition, offset))
@@ -99,4 +103,11 @@ class Decoder:
             topic, partition, offset = position(msg)
             batch.seen(topic, partition, offset)
             batch.events.append((event, partition, offset))
+            self._trace(batch, event, msg)
         return True
+
+    @staticmethod
+    def _trace(batch: MonitorBatch, event: ExecutionEvent, msg: Message) -> None:
+        traceparent = traceparent_of(msg.headers())
+        if traceparent is not None:
+            batch.traces[event.event_id] = traceparent

@@ -12,6 +12,8 @@ import logging
 from typing import Any
 from uuid import UUID, uuid5
 
+from opentelemetry.trace import SpanKind
+
 from cronstream.shared.ids import NAMESPACE, requeue_idempotency_key, step_idempotency_key
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
@@ -25,7 +27,16 @@ from cronstream.shared.records import (
     now_utc,
 )
 from cronstream.shared.schedule import to_millis
-from cronstream.shared.telemetry import new_traceparent, trace_headers
+from cronstream.shared.telemetry import (
+    Headers,
+    Hop,
+    headers_of,
+    link_to,
+    messaging,
+    recording,
+    root,
+    trace_id,
+)
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -35,35 +46,40 @@ class Outbound:
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
 
-    def due(self, due: JobDue) -> OutRecord:
-        return OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
-                         trace_headers(new_traceparent()))
+    def due(self, due: JobDue, headers: Headers) -> OutRecord:
+        return OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(), headers)
 
-    def event(self, event: ExecutionEvent) -> OutRecord:
+    def event(self, event: ExecutionEvent, headers: Headers) -> OutRecord:
         return OutRecord(self.topics.execution_events, event.job_id.encode(), event.to_json(),
-                         trace_headers(new_traceparent()))
+                         headers)
 
-    def retry_tombstone(self, retry_id: UUID) -> OutRecord:
-        return OutRecord(self.topics.retries, str(retry_id).encode(), None)
+    def retry_tombstone(self, retry_id: UUID, headers: Headers) -> OutRecord:
+        return OutRecord(self.topics.retries, str(retry_id).encode(), None, headers)
 
     # -- DAG steps ------------------------------------------------------------------------
 
-    def step(self, definition: JobDefinition, run_id: UUID, step: UUID, decision: str,
-             detail: str) -> OutRecord:
+    def step(self, definition: JobDefinition, run_id: UUID, step: UUID, *, decision: str,
+             detail: str, evaluation: Headers) -> OutRecord:
         """What a DAG step's evaluation publishes: its JobDue (RUN), or its SKIPPED or
-        AWAITING_APPROVAL event."""
+        AWAITING_APPROVAL event — the root of the step's own trace, which links to the
+        evaluation (in the upstream execution's trace)."""
+        span = root("cronstream.fire", messaging(self.topics.job_due, job_id=definition.job_id,
+                                                 execution_id=step, reason="DEPENDENCY")
+                    if recording() else None, links=link_to(evaluation))
+        headers = headers_of(span)
+        span.end()
         now = to_millis(now_utc())
         snapshot = JobSnapshot.of(definition)
         key = step_idempotency_key(definition.job_id, run_id, snapshot.params)
         due = JobDue(execution_id=step, job_id=definition.job_id, run_id=run_id, scheduled_at=now,
                      attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot)
         if decision == "RUN":
-            return self.due(due)
+            return self.due(due, headers)
         status: ExecutionStatus = "SKIPPED" if decision == "SKIP" else "AWAITING_APPROVAL"
         return self.event(ExecutionEvent.for_due(
             due, status, occurred_at=now, completed_at=now if status == "SKIPPED" else None,
             error_message=detail, reason="DEPENDENCY", idempotency_key=key, job=snapshot,
-            priority=snapshot.priority, queue=snapshot.queue))
+            priority=snapshot.priority, queue=snapshot.queue), headers)
 
     # -- rows of job_executions -------------------------------------------------------------
 
@@ -87,16 +103,27 @@ class Outbound:
 
     def requeue(self, row: Any, why: str) -> list[OutRecord]:
         """REQUEUED and the JobDue of the next delivery: the execution runs again elsewhere
-        (same execution_id; events of the older delivery are stale from now on)."""
+        (same execution_id and trace; events of the older delivery are stale from now on)."""
         due = self.due_of(row, reason="REQUEUE", delivery=row["delivery"] + 1)
+        hop = self.continued("cronstream.requeue", row, due)
         log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
-            delivery=due.delivery, reason=why, worker_id=row["worker_id"])
-        return [self.event(ExecutionEvent.for_due(due, "REQUEUED", error_message=why)),
-                self.due(due)]
+            delivery=due.delivery, reason=why, worker_id=row["worker_id"],
+            trace_id=trace_id(hop.traceparent))
+        records = [self.event(ExecutionEvent.for_due(due, "REQUEUED", error_message=why), hop.headers),
+                   self.due(due, hop.headers)]
+        hop.end()
+        return records
+
+    def continued(self, name: str, row: Any, due: JobDue) -> Hop:
+        """A span of the execution's own trace (from its stored traceparent), linked to it."""
+        stored: Headers = [("traceparent", row["traceparent"].encode())] if row.get("traceparent") else []
+        attributes = messaging(self.topics.job_due, job_id=due.job_id, execution_id=due.execution_id,
+                               attempt=due.attempt_number, delivery=due.delivery) if recording() else None
+        return Hop(name, stored, kind=SpanKind.PRODUCER, attributes=attributes, links=link_to(stored))
 
     # -- alerts -----------------------------------------------------------------------------
 
-    def permanently_failed(self, event: ExecutionEvent) -> OutRecord:
+    def permanently_failed(self, event: ExecutionEvent, headers: Headers) -> OutRecord:
         alert = Alert(
             alert_id=uuid5(NAMESPACE, f"alert|EXECUTION_PERMANENTLY_FAILED|{event.execution_id}"),
             kind="EXECUTION_PERMANENTLY_FAILED", severity="error", job_id=event.job_id,
@@ -107,4 +134,4 @@ class Outbound:
         log(logger, "alert_raised", logging.ERROR, kind=alert.kind, job_id=alert.job_id,
             execution_id=str(alert.execution_id), attempt=alert.attempt_number,
             error=(alert.error_message or "")[:300])
-        return OutRecord(self.topics.alerts, alert.key, alert.to_json())
+        return OutRecord(self.topics.alerts, alert.key, alert.to_json(), headers)

@@ -20,6 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from cronstream.shared.records import TERMINAL_STATUSES, Alert, ExecutionEvent, Heartbeat
+from cronstream.shared.telemetry import trace_id
 
 
 @dataclass(slots=True)
@@ -49,6 +50,8 @@ class ExecutionPatch:
     approved_by: str | None = None
     rejected_by: str | None = None
     cancelled_by: str | None = None
+    trace_id: str | None = None
+    traceparent: str | None = None
 
     @classmethod
     def start(cls, event: ExecutionEvent) -> ExecutionPatch:
@@ -113,14 +116,24 @@ class ExecutionPatch:
         self.cancelled_by = event.cancelled_by or self.cancelled_by
 
 
-def fold(events: list[ExecutionEvent]) -> dict[UUID, ExecutionPatch]:
+def fold(events: list[ExecutionEvent], traces: dict[UUID, str] | None = None
+         ) -> dict[UUID, ExecutionPatch]:
+    """One patch per execution; `traces` (event_id -> traceparent) gives each patch the
+    trace context of its latest accepted event."""
     patches: dict[UUID, ExecutionPatch] = {}
+    traces = traces or {}
     for event in events:
         patch = patches.get(event.execution_id)
         if patch is None:
-            patches[event.execution_id] = ExecutionPatch.start(event)
+            patch = patches[event.execution_id] = ExecutionPatch.start(event)
         elif patch.accepts(event):
             patch.apply(event)
+        else:
+            continue
+        traceparent = traces.get(event.event_id)
+        if traceparent is not None:
+            patch.traceparent = traceparent
+            patch.trace_id = patch.trace_id or trace_id(traceparent)
     return patches
 
 
@@ -128,7 +141,8 @@ _PATCH_COLUMNS = (
     "execution_id", "job_id", "run_id", "status", "scheduled_at", "queued_at", "started_at",
     "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
     "progress", "progress_message", "priority", "queue", "last_event", "updated_at", "reason",
-    "idempotency_key", "job", "approved_by", "rejected_by", "cancelled_by",
+    "idempotency_key", "job", "approved_by", "rejected_by", "cancelled_by", "trace_id",
+    "traceparent",
 )
 
 
@@ -137,9 +151,11 @@ def patch_arrays(patches: list[ExecutionPatch]) -> list[list[Any]]:
     return [[getattr(p, c) for p in patches] for c in _PATCH_COLUMNS]
 
 
-def event_arrays(rows: list[tuple[ExecutionEvent, int, int]]) -> list[list[Any]]:
+def event_arrays(rows: list[tuple[ExecutionEvent, int, int]], traces: dict[UUID, str] | None = None
+                 ) -> list[list[Any]]:
     """Column arrays for `insert_events` from (event, partition, offset)."""
-    columns: list[list[Any]] = [[] for _ in range(18)]
+    columns: list[list[Any]] = [[] for _ in range(19)]
+    traces = traces or {}
     for event, partition, offset in rows:
         values = (
             event.event_id, event.execution_id, event.job_id, event.run_id, event.status,
@@ -147,6 +163,7 @@ def event_arrays(rows: list[tuple[ExecutionEvent, int, int]]) -> list[list[Any]]
             event.worker_id, event.started_at, event.completed_at, event.error_message,
             None if event.result is None else json.dumps(event.result, separators=(",", ":")),
             event.progress, event.progress_message, partition, offset,
+            trace_id(traces.get(event.event_id)),
         )
         for column, value in zip(columns, values, strict=True):
             column.append(value)

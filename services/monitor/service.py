@@ -48,7 +48,9 @@ from cronstream.shared.kafka import (
 from cronstream.shared.lifecycle import supervise, wait_or_stop
 from cronstream.shared.logs import log
 from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
+from cronstream.shared.telemetry import Headers, Hop, messaging, new_headers, recording
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +207,8 @@ class MonitorService:
         async with self._store.transaction(batch) as fresh:
             patches = await self._store.write(fresh, sanitize)
             outgoing: list[OutRecord] = list(fresh.dead)
-            outgoing += [self.outbound.permanently_failed(e) for e, _, _ in fresh.events
-                         if e.status == "PERMANENTLY_FAILED"]
+            outgoing += [self.outbound.permanently_failed(e, self._headers(fresh, e))
+                         for e, _, _ in fresh.events if e.status == "PERMANENTLY_FAILED"]
             if fresh.definitions:
                 await self.dags.refresh(fresh.conn)
             outgoing += await self.dags.advance(fresh.conn, patches)
@@ -218,6 +220,8 @@ class MonitorService:
                 await self._producer.flush_async(30.0)
         self.projected += fresh.count
         self._count(fresh, time.monotonic() - started)
+        if recording():
+            self._trace(fresh)
         return [TopicPartition(t, p, o) for (t, p), o in fresh.offsets.items()]
 
     async def _decide(self, fresh: Fresh) -> list[OutRecord]:
@@ -232,6 +236,20 @@ class MonitorService:
                 log(logger, "command_failed", logging.ERROR, command=command.command,
                     execution_id=str(command.execution_id), error=f"{type(exc).__name__}: {exc}")
         return records
+
+    @staticmethod
+    def _headers(fresh: Fresh, event: ExecutionEvent) -> Headers:
+        traceparent = fresh.traces.get(event.event_id)
+        return [("traceparent", traceparent.encode())] if traceparent else new_headers()
+
+    def _trace(self, fresh: Fresh) -> None:
+        """A projection span in the trace of each execution that reached its end."""
+        topic = self.topics.execution_events
+        for event, partition, offset in fresh.events:
+            if event.terminal:
+                Hop("cronstream.project", self._headers(fresh, event), attributes=messaging(
+                    topic, partition, offset, job_id=event.job_id, execution_id=event.execution_id,
+                    attempt=event.attempt_number, delivery=event.delivery, status=event.status)).end()
 
     def _count(self, fresh: Fresh, seconds: float) -> None:
         """Metrics of one committed batch (after the commit: exactly once per record)."""

@@ -55,6 +55,7 @@ class Fresh:
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     dead: list[Any] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    traces: dict[Any, str] = field(default_factory=dict)  # event_id -> traceparent
 
     @property
     def count(self) -> int:
@@ -103,6 +104,7 @@ class ProjectionStore:
                 alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
                 dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
                 offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
+                traces=batch.traces,
             )
             yield fresh
             await conn.execute(
@@ -130,8 +132,8 @@ class ProjectionStore:
         tidy = cleaned if sanitize else (lambda columns: columns)
         patches: list[ExecutionPatch] = []
         if fresh.events:
-            await conn.execute(query("insert_events"), *tidy(event_arrays(fresh.events)))
-            patches = sorted(fold([e for e, _, _ in fresh.events]).values(),
+            await conn.execute(query("insert_events"), *tidy(event_arrays(fresh.events, fresh.traces)))
+            patches = sorted(fold([e for e, _, _ in fresh.events], fresh.traces).values(),
                              key=lambda p: p.execution_id)
             await conn.execute(query("upsert_executions"), *tidy(patch_arrays(patches)))
         if fresh.beats:

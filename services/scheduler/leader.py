@@ -28,9 +28,10 @@ from typing import Any
 from uuid import UUID, uuid5
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from opentelemetry.trace import Span, Status, StatusCode
 
 from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
-from cronstream.shared import metrics
+from cronstream.shared import metrics, telemetry
 from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.inbound import dead_letter
@@ -49,7 +50,6 @@ from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionalProducer
 from cronstream.shared.records import Alert, JobDefinition, RetryRequest, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import new_traceparent, trace_headers
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,12 @@ class Leader:
         self._wake = asyncio.Event()
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
+        # Trace headers of each pending retry (the failed attempt's run span: a link).
+        self._retry_headers: dict[str, list[tuple[str, bytes]]] = {}
+        self._fire_spans: list[Span] = []
+        # State records that no fire caused share one trace per round (a million of them
+        # at a first takeover: one context, not a million).
+        self._batch_headers = telemetry.new_headers()
         self._retries_reader: ConsumerThread | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -256,6 +262,7 @@ class Leader:
             return
         if msg.value() is None:
             self.clock.cancel_retry(key)
+            self._retry_headers.pop(str(key), None)
             return
         try:
             request = decode(RetryRequest, msg.value(), key=msg.key(), key_field="execution_id")
@@ -265,6 +272,7 @@ class Leader:
             self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         self.clock.add_retry(request)
+        self._retry_headers[str(request.execution_id)] = telemetry.carried(msg.headers())
 
     async def _consume_retries(self) -> None:
         assert self._retries_reader is not None
@@ -337,6 +345,7 @@ class Leader:
         async with self._txn_lock:
             if not self._active:
                 return
+            self._batch_headers = telemetry.new_headers()
             # Bounded: a bulk upload of definitions takes several short transactions.
             defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
             del self._pending_defs[:DEFINITIONS_PER_ROUND]
@@ -350,11 +359,19 @@ class Leader:
             records += self._plan_records(plan)
             records += self._suspension_alerts()
             planned_ms = time_ms()
+            spans, self._fire_spans = self._fire_spans, []
             try:
                 await self._commit(records, offsets)
-            except BaseException:
+            except BaseException as exc:
                 self.clock.restore(plan)
+                for span in spans:
+                    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+                    span.end()
                 raise
+            for span in spans:
+                span.end()
+            for key in plan.fired_retries:
+                self._retry_headers.pop(str(key), None)
             self.clock.commit(plan)
             metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
             metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
@@ -374,13 +391,26 @@ class Leader:
                     first_scheduled_ms=plan.dues[0].scheduled_ms)
 
     def _plan_records(self, plan: FirePlan) -> list[OutRecord]:
-        records = [
-            OutRecord(self.topics.job_due, due.job_id.encode(), due.value,
-                      trace_headers(new_traceparent()))
-            for due in plan.dues
-        ]
-        records += [self._state_record(c) for c in plan.states]
-        records += [OutRecord(self.topics.retries, str(k).encode(), None) for k in plan.fired_retries]
+        """The plan's records; each fire is the root span of its execution's trace (a
+        retry's links to the attempt that failed), and the job's state record carries it."""
+        records: list[OutRecord] = []
+        by_job: dict[str, list[tuple[str, bytes]]] = {}
+        topic = self.topics.job_due
+        tracing = telemetry.recording()
+        for due in plan.dues:
+            retry = self._retry_headers.get(due.execution_id)
+            span = telemetry.root(
+                "cronstream.fire",
+                telemetry.messaging(topic, job_id=due.job_id, execution_id=due.execution_id,
+                                    reason="RETRY" if retry is not None else "SCHEDULE")
+                if tracing else None,
+                links=telemetry.link_to(retry) if retry is not None else ())
+            self._fire_spans.append(span)
+            headers = by_job[due.job_id] = telemetry.headers_of(span)
+            records.append(OutRecord(topic, due.job_id.encode(), due.value, headers))
+        records += [self._state_record(c, by_job.get(c.job_id)) for c in plan.states]
+        records += [OutRecord(self.topics.retries, str(k).encode(), None,
+                              self._retry_headers.get(str(k))) for k in plan.fired_retries]
         return records
 
     def _suspension_alerts(self) -> list[OutRecord]:
@@ -397,11 +427,14 @@ class Leader:
                 summary=f"job {job_id} is suspended: its definition cannot be scheduled",
                 error_message=reason[:2000], evidence={"definition_offset": offset},
                 occurred_at=now, raised_at=now)
-            records.append(OutRecord(self.topics.alerts, alert.key, alert.to_json()))
+            records.append(OutRecord(self.topics.alerts, alert.key, alert.to_json(),
+                                     telemetry.new_headers()))
         return records
 
-    def _state_record(self, change: StateChange) -> OutRecord:
-        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), change.value)
+    def _state_record(self, change: StateChange, headers: list[tuple[str, bytes]] | None = None
+                      ) -> OutRecord:
+        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), change.value,
+                         headers or self._batch_headers)
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
         if not records and not offsets:

@@ -20,7 +20,7 @@ from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue
 from cronstream.shared.retry import attempts_left, next_attempt
-from cronstream.shared.telemetry import trace_headers, trace_id
+from cronstream.shared.telemetry import Hop, trace_id
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -29,16 +29,24 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Running:
     due: JobDue
-    traceparent: str
+    hop: Hop  # the run's span: a child of the dispatcher's queue span
     started_at: datetime
     cancel: CancelSignal = field(default_factory=CancelSignal)
     task: asyncio.Task[None] | None = None
     last_progress: float = 0.0
 
     @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self.hop.headers
+
+    @property
+    def trace_id(self) -> str | None:
+        return trace_id(self.hop.traceparent)
+
+    @property
     def exemplar(self) -> dict[str, str] | None:
         """The execution's trace id, attached to its histogram samples (docs/metrics.md)."""
-        trace = trace_id(self.traceparent)
+        trace = self.trace_id
         return {"trace_id": trace} if trace else None
 
 
@@ -62,7 +70,7 @@ class Reporter:
         event = ExecutionEvent.for_due(run.due, status, worker_id=self.worker_id,
                                        started_at=run.started_at, **fields)
         return OutRecord(self.topics.execution_events, run.due.job_id.encode(), event.to_json(),
-                         trace_headers(run.traceparent))
+                         run.headers)
 
     def cancelled_before_start(self, run: Running, reason: str, by: str | None) -> OutRecord:
         due = run.due
@@ -81,7 +89,7 @@ class Reporter:
         elif outcome.retryable:
             retry = next_attempt(run.due, done.completed_at, self._rng)
             records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
-                                     retry.to_json(), trace_headers(run.traceparent)))
+                                     retry.to_json(), run.headers))
         error = outcome.error
         if status == "CANCELLED" and run.cancel.reason:
             error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"
@@ -94,7 +102,7 @@ class Reporter:
         ))
         log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
             job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
-            attempt=run.due.attempt_number, error=error)
+            attempt=run.due.attempt_number, error=error, trace_id=run.trace_id)
         return records
 
     def requeued(self, run: Running, why: str) -> list[OutRecord]:
@@ -105,8 +113,7 @@ class Reporter:
             delivery=due.delivery, reason=why)
         return [
             self.event(run, "REQUEUED", error_message=why, delivery=due.delivery),
-            OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(),
-                      trace_headers(run.traceparent)),
+            OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(), run.headers),
         ]
 
 

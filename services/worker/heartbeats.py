@@ -22,6 +22,7 @@ from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
 from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import Heartbeat, WorkerStatus, now_utc
+from cronstream.shared.telemetry import new_headers
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Heartbeats:
                          sent_at=now_utc(), running=self.running(), capacity=self.capacity,
                          queues=self.queues)
         self.producer.produce(OutRecord(self.topics.heartbeats, self.worker_id.encode(),
-                                        beat.to_json()))
+                                        beat.to_json(), new_headers()))
 
     async def loop(self, status: Callable[[], WorkerStatus], interval: float,
                    done: asyncio.Event) -> None:

@@ -5,7 +5,8 @@ forkserver that has already imported the handler modules, so a start costs milli
 not an interpreter boot). A child runs one execution at a time. The parent talks to it
 over a pipe in JSON lines — never pickle:
 
-    parent → child  {"op": "run", "due": <JobDue JSON>}      {"op": "cancel"}
+    parent → child  {"op": "run", "due": <JobDue JSON>, "trace": [[header, value]...]}
+                    {"op": "cancel"}
     child → parent  {"op": "progress", "percent": 40, "message": "..."}
                     {"op": "done", "status": "COMPLETED", "result": ..., "error": ...}
 
@@ -44,8 +45,10 @@ from cronstream.services.worker.runner import (
     encode_result,
     make_context,
 )
+from cronstream.shared import telemetry
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDue
+from cronstream.shared.telemetry import Headers
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,11 @@ FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
 
 
 def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
-    """Entry point of a pool process: import the handler modules, then run executions."""
+    """Entry point of a pool process: import the handler modules, then run executions.
+
+    Each execution runs inside the run's trace context (sent by the parent), under a span
+    of its own when tracing exports: spans the handler makes join the execution's trace."""
+    telemetry.configure("worker")
     # Signals to the process group are the worker's to handle (forkserver_signals.py).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -87,7 +94,11 @@ def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
     threading.Thread(target=read, daemon=True, name="pool-reader").start()
     while (message := work.get()) is not None:
         cancel.clear()
-        conn.send_bytes(json.dumps(_run_in_child(message["due"], conn, cancel)).encode())
+        headers = [(str(k), str(v).encode()) for k, v in message.get("trace", [])]
+        with telemetry.attached(headers):
+            reply = _run_in_child(message["due"], conn, cancel)
+        telemetry.flush()
+        conn.send_bytes(json.dumps(reply).encode())
 
 
 def _run_in_child(due_json: str, conn: Connection, cancel: threading.Event) -> dict[str, Any]:
@@ -101,13 +112,15 @@ def _run_in_child(due_json: str, conn: Connection, cancel: threading.Event) -> d
         conn.send_bytes(json.dumps({"op": "progress", "percent": percent,
                                     "message": message}).encode())
 
-    ctx = make_context(due, progress, cancel)
-    try:
-        result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
-    except NonRetryableError as exc:
-        return {"op": "done", "status": "PERMANENTLY_FAILED", "error": describe_error(exc)}
-    except Exception as exc:
-        return {"op": "done", "status": "FAILED", "error": describe_error(exc)}
+    with telemetry.handler_span(due.job.handler, job_id=due.job_id,
+                                execution_id=due.execution_id) as traceparent:
+        ctx = make_context(due, progress, cancel, traceparent)
+        try:
+            result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
+        except NonRetryableError as exc:
+            return {"op": "done", "status": "PERMANENTLY_FAILED", "error": describe_error(exc)}
+        except Exception as exc:
+            return {"op": "done", "status": "FAILED", "error": describe_error(exc)}
     encoded, problem = encode_result(result)
     if problem is not None:
         return {"op": "done", "status": "FAILED", "error": problem}
@@ -140,7 +153,8 @@ class Child:
         self.process.join(5)
         self.conn.close()
 
-    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal) -> Outcome:
+    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
+                  trace: Headers | None = None) -> Outcome:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         fd = self.conn.fileno()
@@ -160,7 +174,9 @@ class Child:
         cancelled_at: float | None = None
         cancelled = asyncio.ensure_future(cancel.wait())
         try:
-            self.conn.send_bytes(json.dumps({"op": "run", "due": due.to_json().decode()}).encode())
+            self.conn.send_bytes(json.dumps({
+                "op": "run", "due": due.to_json().decode(),
+                "trace": [[k, v.decode("ascii", "replace")] for k, v in trace or []]}).encode())
             while True:
                 limit = deadline if cancelled_at is None else min(
                     deadline, cancelled_at + CANCEL_GRACE_SECONDS)
@@ -247,15 +263,17 @@ class PoolRunner:
             child.kill()
         self._children.clear()
 
-    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal) -> Outcome:
+    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
+                  trace: Headers | None = None) -> Outcome:
         spec = self.registry.get(due.job.handler)
         if spec is None:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if spec.inline:
-            return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
+            with telemetry.attached(trace or []):
+                return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
         child = await self._idle.get()
         try:
-            return await child.run(due, progress, cancel)
+            return await child.run(due, progress, cancel, trace)
         finally:
             if child.alive:
                 self._idle.put_nowait(child)
@@ -275,12 +293,14 @@ class PoolRunner:
 
 async def _run_inline(func: Any, is_async: bool, due: JobDue, progress: ProgressFn,
                       cancel: CancelSignal) -> Outcome:
-    ctx = make_context(due, progress, cancel.flag)
     try:
-        if is_async:
-            result = await asyncio.wait_for(func(ctx), due.job.timeout_seconds)
-        else:
-            result = func(ctx)
+        with telemetry.handler_span(due.job.handler, job_id=due.job_id,
+                                    execution_id=due.execution_id) as traceparent:
+            ctx = make_context(due, progress, cancel.flag, traceparent)
+            if is_async:
+                result = await asyncio.wait_for(func(ctx), due.job.timeout_seconds)
+            else:
+                result = func(ctx)
     except TimeoutError:
         cancel.set("timeout")
         return Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s")

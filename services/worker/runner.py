@@ -92,7 +92,8 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:8000]
 
 
-def make_context(due: JobDue, progress: ProgressFn, cancel: threading.Event) -> Context:
+def make_context(due: JobDue, progress: ProgressFn, cancel: threading.Event,
+                 traceparent: str | None = None) -> Context:
     return Context(
         execution_id=due.execution_id,
         job_id=due.job_id,
@@ -101,6 +102,7 @@ def make_context(due: JobDue, progress: ProgressFn, cancel: threading.Event) -> 
         idempotency_key=due.idempotency_key,
         scheduled_at=due.scheduled_at,
         params=dict(due.job.params),
+        traceparent=traceparent,
         _progress=progress,
         _cancel=cancel,
     )

@@ -52,6 +52,7 @@ from cronstream.shared.kafka import (
     OutRecord,
     consumer_config,
     ensure_topics,
+    position,
     producer_config,
     read_to_end,
     reader_config,
@@ -67,7 +68,7 @@ from cronstream.shared.producers import (
 )
 from cronstream.shared.records import PRIORITIES, JobDue, WorkerStatus, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import child_traceparent, traceparent_of
+from cronstream.shared.telemetry import Headers, Hop, attached, messaging, recording
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal) -> Outcome: ...
+    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+                  trace: Headers | None = None) -> Outcome: ...
 
 
 class WorkerService:
@@ -248,7 +250,7 @@ class WorkerService:
             due = batch.decode(JobDue, msg, key_field="job_id")
             if due is None or due.execution_id in self.running:
                 continue  # dead-lettered, or a redelivery of what already runs here
-            run = Running(due, child_traceparent(traceparent_of(msg.headers())), now_utc())
+            run = Running(due, self._hop(due, msg), now_utc())
             cancelled = self.cancellations.get(due.execution_id)
             if cancelled is not None:
                 records.append(self.reporter.cancelled_before_start(run, *cancelled))
@@ -265,17 +267,27 @@ class WorkerService:
             return
         if not await self._commit(records, batch.offsets()):
             self._finished = finished + self._finished  # report them in the next turn
+            for run in starts:
+                run.hop.end("not started: the transaction did not commit")
             await self._rewind()
             return
         for done in finished:
             self.running.pop(done.running.due.execution_id, None)
             count_finished(done)
+            done.running.hop.end(done.outcome.error if done.status != "COMPLETED" else None)
         for run in starts:
             self.running[run.due.execution_id] = run
             run.task = asyncio.create_task(self._execute(run))
             count_started(run)
         metrics.WORKER_SLOTS_BUSY.set(len(self.running))
         metrics.WORKER_BUFFERED.set(self._buffered())
+
+    def _hop(self, due: JobDue, msg: Message) -> Hop:
+        topic, partition, offset = position(msg)
+        attributes = messaging(topic, partition, offset, job_id=due.job_id,
+                               execution_id=due.execution_id, attempt=due.attempt_number,
+                               delivery=due.delivery, worker_id=self.worker_id) if recording() else None
+        return Hop("cronstream.run", msg.headers(), attributes=attributes)
 
     def _next_buffered(self) -> Message | None:
         for priority in PRIORITIES:
@@ -340,7 +352,8 @@ class WorkerService:
             self._loop.call_soon_threadsafe(self._progress, run, percent, message)
 
         try:
-            outcome = await self.runner.run(run.due, progress, run.cancel)
+            with attached(run.headers):  # its log lines carry its trace_id
+                outcome = await self.runner.run(run.due, progress, run.cancel, run.headers)
         except Exception as exc:
             logger.exception("runner failed", extra={"action": "runner_failed",
                                                      "execution_id": str(run.due.execution_id)})

@@ -4,18 +4,18 @@
 INSERT INTO execution_events (
     event_id, execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,
     occurred_at, worker_id, started_at, completed_at, error_message, result, progress,
-    progress_message, kafka_partition, kafka_offset)
+    progress_message, kafka_partition, kafka_offset, trace_id)
 SELECT e.event_id, e.execution_id, e.job_id, e.run_id, e.status, e.attempt_number, e.delivery,
        e.scheduled_at, e.occurred_at, e.worker_id, e.started_at, e.completed_at,
        e.error_message, e.result::jsonb, e.progress, e.progress_message, e.kafka_partition,
-       e.kafka_offset
+       e.kafka_offset, e.trace_id
 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::int[],
             $8::timestamptz[], $9::timestamptz[], $10::text[], $11::timestamptz[],
             $12::timestamptz[], $13::text[], $14::text[], $15::real[], $16::text[], $17::int[],
-            $18::bigint[])
+            $18::bigint[], $19::text[])
      AS e(event_id, execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,
           occurred_at, worker_id, started_at, completed_at, error_message, result, progress,
-          progress_message, kafka_partition, kafka_offset)
+          progress_message, kafka_partition, kafka_offset, trace_id)
 ON CONFLICT (event_id) DO NOTHING;
 
 -- name: upsert_executions
@@ -26,21 +26,21 @@ INSERT INTO job_executions AS je (
     execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at, completed_at,
     worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
     priority, queue, last_event, updated_at, reason, idempotency_key, job, approved_by,
-    rejected_by, cancelled_by)
+    rejected_by, cancelled_by, trace_id, traceparent)
 SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
        p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message,
        p.result::jsonb, p.progress, p.progress_message, p.priority, p.queue, p.last_event,
        p.updated_at, p.reason, p.idempotency_key, p.job::jsonb, p.approved_by, p.rejected_by,
-       p.cancelled_by
+       p.cancelled_by, p.trace_id, p.traceparent
 FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::timestamptz[],
             $6::timestamptz[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::int[],
             $11::int[], $12::text[], $13::text[], $14::real[], $15::text[], $16::text[],
             $17::text[], $18::text[], $19::timestamptz[], $20::text[], $21::text[], $22::text[],
-            $23::text[], $24::text[], $25::text[])
+            $23::text[], $24::text[], $25::text[], $26::text[], $27::text[])
      AS p(execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at,
           completed_at, worker_id, attempt_number, delivery, error_message, result, progress,
           progress_message, priority, queue, last_event, updated_at, reason, idempotency_key, job,
-          approved_by, rejected_by, cancelled_by)
+          approved_by, rejected_by, cancelled_by, trace_id, traceparent)
 ON CONFLICT (execution_id) DO UPDATE SET
     status = EXCLUDED.status,
     delivery = EXCLUDED.delivery,
@@ -65,6 +65,8 @@ ON CONFLICT (execution_id) DO UPDATE SET
     approved_by = COALESCE(EXCLUDED.approved_by, je.approved_by),
     rejected_by = COALESCE(EXCLUDED.rejected_by, je.rejected_by),
     cancelled_by = COALESCE(EXCLUDED.cancelled_by, je.cancelled_by),
+    trace_id = COALESCE(je.trace_id, EXCLUDED.trace_id),
+    traceparent = COALESCE(EXCLUDED.traceparent, je.traceparent),
     updated_at = EXCLUDED.updated_at
 WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                         'SKIPPED')
@@ -207,7 +209,7 @@ WHERE dep.upstream_job_id = $1 AND d.deleted_at IS NULL AND d.enabled;
 
 -- name: run_states
 -- The latest attempt of each of the given jobs in one run.
-SELECT DISTINCT ON (job_id) job_id, status, result
+SELECT DISTINCT ON (job_id) job_id, status, result, traceparent
 FROM job_executions
 WHERE run_id = $1 AND job_id = ANY($2::text[])
 ORDER BY job_id, attempt_number DESC, updated_at DESC;
@@ -219,7 +221,8 @@ ON CONFLICT (run_id, job_id) DO NOTHING
 RETURNING execution_id;
 
 -- name: awaiting_execution
-SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, idempotency_key, job
+SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, idempotency_key, job,
+       traceparent
 FROM job_executions WHERE execution_id = $1 AND status = 'AWAITING_APPROVAL';
 
 -- name: dead_workers
@@ -229,7 +232,7 @@ WHERE status <> 'OFFLINE' AND last_heartbeat < now() - make_interval(secs => $1)
 -- name: running_on_workers
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
        e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
-       e.job IS NULL AS from_definition
+       e.job IS NULL AS from_definition, e.traceparent
 FROM job_executions e
 LEFT JOIN job_definitions d ON d.job_id = e.job_id
 WHERE e.status = 'RUNNING' AND e.worker_id = ANY($1::text[]);
@@ -332,7 +335,7 @@ LIMIT 100;
 -- is certain).
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
        e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
-       e.job IS NULL AS from_definition
+       e.job IS NULL AS from_definition, e.traceparent
 FROM job_executions e
 JOIN workers w ON w.worker_id = e.worker_id
 LEFT JOIN job_definitions d ON d.job_id = e.job_id

@@ -12,3 +12,7 @@ CREATE TABLE execution_decisions (
 -- Failed attempts of a job, newest first: where a pending retry is found to cancel it.
 CREATE INDEX job_executions_retryable ON job_executions (job_id, completed_at DESC)
     WHERE status IN ('FAILED', 'TIMED_OUT');
+
+-- The W3C traceparent of each execution's latest event: a requeue or an approval
+-- continues the execution's trace from it (job_executions.trace_id is its trace id).
+ALTER TABLE job_executions ADD COLUMN traceparent text;
