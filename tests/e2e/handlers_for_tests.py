@@ -52,3 +52,15 @@ async def async_double(ctx: Context) -> dict[str, Any]:
     await asyncio.sleep(0.1)
     ctx.report_progress(100, "awaited")
     return {"doubled": 2 * int(ctx.params["n"]), "attempt": ctx.attempt_number}
+
+
+@handler("test.traced")
+def traced(ctx: Context) -> dict[str, Any]:
+    """Makes a span of its own, as instrumented user code would, and fails its first attempt."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("user-code").start_as_current_span("user.work") as span:
+        span.set_attribute("user.attempt", ctx.attempt_number)
+        if ctx.attempt_number == 1:
+            raise RuntimeError("first attempt fails on purpose")
+    return {"trace_id": ctx.trace_id}
