@@ -245,6 +245,21 @@ class Client:
         self._producer.flush()
         return command
 
+    def cancel_retry(self, retry_execution_id: UUID) -> None:
+        """Drop a pending retry timer (a tombstone on `retries`)."""
+        self._producer.produce(OutRecord(self.topics.retries, str(retry_execution_id).encode(), None,
+                                         new_headers()))
+        self._producer.flush()
+
+    def cancel_pending_retry(self, retry_execution_id: UUID, job_id: str,
+                             reason: str | None = None, issued_by: str | None = None) -> Command:
+        """Cancel the attempt a failed execution is waiting to retry (its execution id is
+        deterministic: `shared/retry.retry_execution_id`). The timer is dropped at once (a
+        tombstone on `retries`, before the scheduler can fire it) and the CANCEL command lets
+        the monitor record the attempt CANCELLED — or its worker skip it, had it fired."""
+        self.cancel_retry(retry_execution_id)
+        return self.cancel(retry_execution_id, reason, issued_by=issued_by, job_id=job_id)
+
     def cancel(self, execution_id: UUID, reason: str | None = None,
                issued_by: str | None = None, job_id: str | None = None) -> Command:
         """Cancel an execution: skipped if not started yet, stopped if running, ended if

@@ -10,6 +10,7 @@ the inbound path (decode, validate, dead-letter) in `shared/inbound.py`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -236,6 +237,31 @@ def kafka_error(exc: KafkaException) -> KafkaError | None:
     return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
 
 
+async def _high_watermark(reader: ConsumerThread, tp: TopicPartition, patience: float = 60.0) -> int:
+    """The partition's end, waiting out what a broker answers while it settles (a topic
+    just created, a leader moving: NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE...)."""
+    deadline = time.monotonic() + patience
+    delay = 0.1
+    while True:
+        try:
+            _low, high = await reader.call(reader.consumer.get_watermark_offsets, tp, 10.0, False)
+            return int(high)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is None or (not err.retriable() and err.code() not in _SETTLING) \
+                    or time.monotonic() > deadline:
+                raise
+            log(logger, "watermarks_retried", logging.DEBUG, topic=tp.topic, partition=tp.partition,
+                error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+_SETTLING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                       KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT,
+                       KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+
+
 async def read_to_end(
     reader: ConsumerThread,
     partitions: Sequence[TopicPartition],
@@ -251,8 +277,7 @@ async def read_to_end(
     consumer = reader.consumer
     ends: dict[tuple[str, int], int] = {}
     for tp in partitions:
-        _low, high = await reader.call(consumer.get_watermark_offsets, tp, 10.0, False)
-        ends[(tp.topic, tp.partition)] = high
+        ends[(tp.topic, tp.partition)] = await _high_watermark(reader, tp)
     # Every partition is assigned, even an empty one: the caller may keep consuming.
     await reader.call(
         consumer.assign,

@@ -58,7 +58,7 @@ def _die_with_parent() -> None:
 
 
 def run_service(service: Service, settings: Settings) -> int:
-    logs.configure(service.name, settings.log_level)
+    logs.configure(service.name, settings.log_level, settings.log_format)
     log(logger, "service_starting", service=service.name, settings=settings.redacted())
     metrics.announce(service.name)
     telemetry.configure(service.name)

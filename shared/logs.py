@@ -5,10 +5,13 @@ Dashboards and alerts query `action`, `job_id`, `execution_id` — never message
     ts=2026-11-29T11:10:01.071Z level=info service=scheduler action=job_fired job_id=etl ...
 
 `log(logger, "job_fired", job_id=...)` is the only way services log events.
+`CRONSTREAM_LOG_FORMAT=json` writes the same keys as one JSON object per line. Lines
+written while an execution's trace context is current carry `trace_id=` (telemetry.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -65,9 +68,35 @@ class LogfmtFormatter(logging.Formatter):
         return " ".join(parts)
 
 
-def configure(service: str, level: str = "INFO") -> None:
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, the same keys as logfmt (`CRONSTREAM_LOG_FORMAT=json`), for
+    log shippers that parse JSON (Loki, Elasticsearch, Cloud Logging)."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line: dict[str, Any] = {"ts": f"{ts}.{int(record.msecs):03d}Z",
+                                "level": record.levelname.lower(), "service": self.service}
+        action = getattr(record, "action", None)
+        if action:
+            line["action"] = action
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and key != "action" and value is not None:
+                line[key] = value if isinstance(value, int | float | bool) else _cut(str(value), MAX_VALUE)
+        message = record.getMessage()
+        if message and message != action:
+            line["msg"] = _cut(message, MAX_VALUE)
+        if record.exc_info:
+            line["error"] = _cut(self.formatException(record.exc_info), MAX_TRACEBACK)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(service: str, level: str = "INFO", format: str = "logfmt") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter(service))
+    handler.setFormatter(JsonFormatter(service) if format == "json" else LogfmtFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -7,23 +7,8 @@ the two drift. Models are strict (no coercion: "5" is not 5), frozen and closed
 dead-lettered. Enumerations are string literals so that they mean the same in JSON,
 in YAML and in Python.
 
-Execution states and who moves an execution out of each (SPEC §3, §5):
-
-    (JobDue)            the scheduler, monitor or CLI asks for an execution
-    QUEUED              dispatcher wrote the work record. A worker moves it to RUNNING;
-                        `cancel` to CANCELLED; REPLACE to CANCELLED.
-    RUNNING             a worker took it (and committed its consumption). The same
-                        worker moves it to COMPLETED / FAILED / TIMED_OUT / CANCELLED /
-                        PERMANENTLY_FAILED; the monitor to QUEUED (REQUEUED event) when
-                        the worker is declared dead; drain re-queues it the same way.
-    PROGRESS, REQUEUED  events, not resting states: PROGRESS keeps RUNNING;
-                        REQUEUED puts the execution back to QUEUED with a new delivery.
-    AWAITING_APPROVAL   the monitor parked a DAG step; `approve` moves it to QUEUED
-                        (via a JobDue), `reject` to SKIPPED.
-    COMPLETED, FAILED, TIMED_OUT, CANCELLED, PERMANENTLY_FAILED, SKIPPED
-                        terminal: nothing moves an execution out of them. A FAILED or
-                        TIMED_OUT execution with attempts left is followed by a *new*
-                        execution (attempt + 1) through a RetryRequest.
+Execution states and who moves an execution out of each: `shared/statuses.py`
+(`Status`, one member per status with its meaning; the derived sets TERMINAL, FINAL...).
 """
 
 from __future__ import annotations
@@ -48,6 +33,7 @@ from pydantic import (
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
+from cronstream.shared.statuses import TERMINAL
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -78,11 +64,6 @@ ExecutionStatus = Literal[
 WorkerStatus = Literal["ACTIVE", "DRAINING", "OFFLINE"]
 
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
-TERMINAL_STATUSES: frozenset[str] = frozenset(
-    {"COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED", "SKIPPED"}
-)
-SUCCESS_STATUSES: frozenset[str] = frozenset({"COMPLETED"})
-FAILURE_STATUSES: frozenset[str] = frozenset({"FAILED", "TIMED_OUT", "PERMANENTLY_FAILED"})
 
 
 @lru_cache(maxsize=1)
@@ -338,7 +319,7 @@ class ExecutionEvent(Record):
 
     @property
     def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
+        return self.status in TERMINAL
 
     @classmethod
     def for_due(cls, due: JobDue, status: ExecutionStatus, **fields: Any) -> ExecutionEvent:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -77,6 +77,7 @@ class Settings(BaseModel):
     http_bind: str = "0.0.0.0"
     kafka_config: dict[str, str] = Field(default_factory=dict)
     log_level: str = "INFO"
+    log_format: Literal["logfmt", "json"] = "logfmt"
 
     @field_validator("log_level")
     @classmethod

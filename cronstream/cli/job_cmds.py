@@ -10,9 +10,10 @@ import click
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, DefinitionError, load_definitions
-from cronstream.shared.records import TERMINAL_STATUSES, CommandKind
+from cronstream.shared.records import CommandKind
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
+from cronstream.shared.statuses import TERMINAL
 
 
 def _load(path: str) -> list:  # type: ignore[type-arg]
@@ -191,11 +192,11 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
         attempt = row["attempt_number"] + 1
         target = retry_execution_id(row["job_id"], row["run_id"], attempt)
         with Client(settings) as client:
-            client.cancel(target, reason, job_id=job_id)
-        click.echo(f"cancel sent for the pending retry (attempt {attempt}, execution {target}) "
+            client.cancel_pending_retry(target, job_id=row["job_id"], reason=reason)
+        click.echo(f"cancelled the pending retry (attempt {attempt}, execution {target}) "
                    f"of {execution_id}")
         return
-    if row is not None and row["status"] in TERMINAL_STATUSES:
+    if row is not None and row["status"] in TERMINAL:
         raise click.ClickException(f"execution {execution_id} already ended: {row['status']}")
     with Client(settings) as client:
         client.cancel(target, reason, job_id=job_id)

@@ -28,10 +28,9 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cronstream.shared.records import TERMINAL_STATUSES, ExecutionEvent, JobDue, UtcDatetime
+from cronstream.shared.records import ExecutionEvent, JobDue, UtcDatetime
 from cronstream.shared.retry import retry_execution_id
-
-RETRYABLE = frozenset({"FAILED", "TIMED_OUT"})
+from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
 Decision = Literal["QUEUE", "SKIP", "REPLACE"]
 NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY"})
@@ -102,7 +101,7 @@ class PolicyState:
         known = executions.get(event.execution_id)
         if known is not None and event.delivery < known.delivery:
             return  # a stale report of an older delivery
-        if event.status in TERMINAL_STATUSES:
+        if event.status in TERMINAL:
             if known is not None:
                 self.remove(event.job_id, event.execution_id, partition)
                 if event.status in RETRYABLE and event.attempt_number < 1 + known.max_retries:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cronstream.shared.condition import parse_condition
+from cronstream.shared.statuses import FINAL
 
-DAG_FINAL = frozenset({"COMPLETED", "PERMANENTLY_FAILED", "CANCELLED", "SKIPPED"})
+DAG_FINAL = FINAL  # terminal, and no retry will follow
 
 Decision = Literal["RUN", "SKIP", "AWAIT_APPROVAL"]
 

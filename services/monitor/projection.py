@@ -19,7 +19,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from cronstream.shared.records import TERMINAL_STATUSES, Alert, ExecutionEvent, Heartbeat
+from cronstream.shared.records import Alert, ExecutionEvent, Heartbeat
+from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import trace_id
 
 
@@ -65,7 +66,7 @@ class ExecutionPatch:
         return patch
 
     def accepts(self, event: ExecutionEvent) -> bool:
-        return self.status not in TERMINAL_STATUSES and event.delivery >= self.delivery
+        return self.status not in TERMINAL and event.delivery >= self.delivery
 
     def apply(self, event: ExecutionEvent) -> None:
         if event.delivery > self.delivery:
@@ -97,7 +98,7 @@ class ExecutionPatch:
             self.started_at = self.started_at or event.started_at
         else:  # AWAITING_APPROVAL and the terminal statuses
             self.status = status
-            if status in TERMINAL_STATUSES:
+            if status in TERMINAL:
                 self.completed_at = event.completed_at or event.occurred_at
             self.worker_id = event.worker_id or self.worker_id
             self.started_at = self.started_at or event.started_at

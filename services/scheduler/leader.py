@@ -275,6 +275,18 @@ class Leader:
         self._retry_headers[str(request.execution_id)] = telemetry.carried(msg.headers())
 
     async def _consume_retries(self) -> None:
+        """Follow `retries` for the term. Should it fail, the term fails with it (the service
+        takes over again): retry timers must never stop arriving silently."""
+        try:
+            await self._follow_retries()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = exc
+            logger.exception("retries stopped", extra={"action": "leader_failed"})
+            self._wake.set()
+
+    async def _follow_retries(self) -> None:
         assert self._retries_reader is not None
         while self._active:
             messages = await self._retries_reader.consume(1000, 0.1)

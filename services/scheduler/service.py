@@ -84,8 +84,11 @@ class SchedulerService:
         if leader is not None and not leader.active:
             await self._stop_leader("fenced" if leader.fenced else "failed")
             # A fenced leader that still holds the partition waits a session before
-            # trying again: by then the group has told it whether it still leads.
-            self._retry_after = time.monotonic() + self.settings.scheduler_session_timeout_ms / 1000
+            # trying again: by then the group has told it whether it still leads. A failed
+            # term (a transaction that did not commit, a broker away) is retried soon: the
+            # new term's takeover rebuilds everything from Kafka.
+            wait = self.settings.scheduler_session_timeout_ms / 1000 if leader.fenced else 1.0
+            self._retry_after = time.monotonic() + wait
         if self.leader is not None:
             # A leader is ready once it has fenced its predecessor and read its state.
             self.health.set("takeover", self.leader.ready.is_set(), "taking over leadership")

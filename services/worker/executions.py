@@ -67,14 +67,14 @@ class Reporter:
         self._rng = random.Random()
 
     def event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
-        event = ExecutionEvent.for_due(run.due, status, worker_id=self.worker_id,
-                                       started_at=run.started_at, **fields)
+        fields.setdefault("started_at", run.started_at)
+        event = ExecutionEvent.for_due(run.due, status, worker_id=self.worker_id, **fields)
         return OutRecord(self.topics.execution_events, run.due.job_id.encode(), event.to_json(),
                          run.headers)
 
     def cancelled_before_start(self, run: Running, reason: str, by: str | None) -> OutRecord:
         due = run.due
-        return self.event(run, "CANCELLED", completed_at=run.started_at,
+        return self.event(run, "CANCELLED", completed_at=run.started_at, started_at=None,
                           error_message=f"cancelled before it started: {reason}",
                           cancelled_by=by, priority=due.job.priority, queue=due.job.queue)
 

@@ -150,3 +150,15 @@ def test_no_secret_survives_redaction() -> None:
     for secret in ("hunter2", "s3cret", "clientSecret=abc", "BEGIN", '"p"'):
         assert secret not in text
     assert '"me"' in text
+
+
+def test_json_logs_carry_the_same_keys(caplog: pytest.LogCaptureFixture) -> None:
+    from cronstream.shared.logs import JsonFormatter
+
+    logger = logging.getLogger("json-logs")
+    with caplog.at_level(logging.INFO, logger="json-logs"):
+        log(logger, "job_fired", job_id="etl", fired=3, note="a b")
+    line = json.loads(JsonFormatter("scheduler").format(caplog.records[-1]))
+    assert {k: line[k] for k in ("level", "service", "action", "job_id", "fired", "note")} == {
+        "level": "info", "service": "scheduler", "action": "job_fired", "job_id": "etl",
+        "fired": 3, "note": "a b"}

@@ -100,3 +100,18 @@ def test_decode_checks_key_size_and_nulls() -> None:
         decode(JobDefinition, b" " * 300_000)
     with pytest.raises(DecodeError, match="invalid JobDefinition"):
         decode(JobDefinition, b"\xff\xfe")
+
+
+def test_one_source_of_statuses_the_wire_the_enum_and_the_sql_guard_agree() -> None:
+    import re
+    from typing import get_args
+
+    from cronstream.shared.db import query
+    from cronstream.shared.records import ExecutionStatus
+    from cronstream.shared.statuses import FINAL, TERMINAL, Status
+
+    assert set(get_args(ExecutionStatus)) == {s.value for s in Status}
+    assert all(s.__doc__ and len(s.__doc__) > 20 for s in Status), "each status says who moves it"
+    guard = query("upsert_executions").split("WHERE je.status NOT IN", 1)[1].split(")", 1)[0]
+    assert set(re.findall(r"'([A-Z_]+)'", guard)) == TERMINAL
+    assert FINAL < TERMINAL
