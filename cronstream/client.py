@@ -76,6 +76,8 @@ def _who() -> str:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

@@ -48,9 +48,8 @@ def parse_definitions(documents: Iterable[Any], source: str = "input") -> list[J
     for doc in documents:
         if doc is None:
             continue
-        if isinstance(doc, Mapping) and set(doc) == {"jobs"}:
-            doc = doc["jobs"]
-        items.extend(doc if isinstance(doc, list) else [doc])
+        inner = doc["jobs"] if isinstance(doc, Mapping) and set(doc) == {"jobs"} else doc
+        items.extend(inner if isinstance(inner, list) else [inner])
     problems: list[str] = []
     definitions: list[JobDefinition] = []
     for index, item in enumerate(items, start=1):

@@ -14,6 +14,14 @@ from cronstream.shared.records import TERMINAL_STATUSES
 __all__ = ["Execution"]
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
     """The current state of one execution (a row of `job_executions`).
@@ -64,11 +72,4 @@ class Execution:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible: ids as strings, times as RFC 3339."""
-        out: dict[str, Any] = {}
-        for key, value in asdict(self).items():
-            if isinstance(value, UUID):
-                value = str(value)
-            elif isinstance(value, datetime):
-                value = value.isoformat().replace("+00:00", "Z")
-            out[key] = value
-        return out
+        return {key: _plain(value) for key, value in asdict(self).items()}

@@ -86,6 +86,6 @@ def test_from_dict_on_nested_records_refuses_nested_typos() -> None:
     due = {"execution_id": str(uuid.uuid4()), "job_id": "j", "run_id": str(uuid.uuid4()),
            "scheduled_at": NOW, "reason": "MANUAL", "idempotency_key": "k",
            "job": {"handler": "noop", "timeout": 5}}
-    with pytest.raises(ValidationError, match="job.timeout"):
+    with pytest.raises(ValidationError, match=r"job\.timeout"):
         JobDue.from_dict(due)
     assert JobDue.from_dict({**due, "job": {"handler": "noop"}}).job == JobSnapshot(handler="noop")
