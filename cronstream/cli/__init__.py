@@ -19,7 +19,6 @@ from cronstream.cli import (
 )
 from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_closed
 
-
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
