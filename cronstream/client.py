@@ -32,7 +32,7 @@ import builtins
 import getpass
 import socket
 import threading
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
@@ -365,14 +365,11 @@ class Client:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _run(self, call: Awaitable[T]) -> T:
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
         if self._closed:
+            call.close()  # never started: no "coroutine was never awaited"
             raise CronstreamError("this Client is closed")
-
-        async def wrapped() -> T:
-            return await call
-
-        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def close(self) -> None:
         with self._lock:
