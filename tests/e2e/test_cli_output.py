@@ -44,8 +44,8 @@ def test_unreachable_database_exits_3_with_one_line(topics: Settings) -> None:
 def test_unreachable_kafka_exits_3_with_one_line(topics: Settings) -> None:
     done = cli(topics, "--bootstrap-servers", "127.0.0.1:1", "--timeout", "1", "pause", "x")
     assert done.returncode == 3, done
-    assert done.stderr.strip().splitlines() == [
-        "Error: cannot reach Kafka at 127.0.0.1:1: Failed to get metadata: Local: Broker transport failure"]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot reach Kafka at 127.0.0.1:1: "), lines
 
 
 def test_a_closed_pipe_is_not_an_error(topics: Settings) -> None:
