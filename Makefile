@@ -48,8 +48,9 @@ bench: install ## Benchmarks (figures printed and written to bench/results/)
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy
-	$(BIN)/ruff check cronstream shared services tests bench
+	$(BIN)/ruff check cronstream shared services tests bench examples
 	$(BIN)/mypy
+	$(BIN)/mypy examples
 
 schemas: install ## Regenerate the JSON Schemas in schemas/ from the models
 	$(BIN)/python -m cronstream.shared.schemagen schemas

@@ -1,19 +1,37 @@
 """cronstream: a distributed job scheduler on Apache Kafka.
 
-The public Python API is what this module exports; everything else is internal.
+The public Python API is what this module exports (a test pins the list); everything
+else is internal:
+
+- `Client` / `AsyncClient`: publish and control jobs, read executions (client.py);
+- `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `ExecutionEvent`,
+  `Execution`: the records;
+- `events`: consume `execution-events` from your own systems (`events.subscribe`);
+- `handler`, `Context`, `NonRetryableError`: write handlers for workers;
+- the errors: `CronstreamError` and its `DefinitionError`, `NotFoundError`,
+  `UnavailableError`.
 """
 
-from cronstream.client import Client, DefinitionError
+from cronstream import events
+from cronstream.client import AsyncClient, Client
+from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
+from cronstream.executions import Execution
 from cronstream.handlers import Context, NonRetryableError, handler
 from cronstream.shared.records import ExecutionEvent, JobDefinition
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "Context",
+    "CronstreamError",
     "DefinitionError",
+    "Execution",
     "ExecutionEvent",
     "JobDefinition",
     "NonRetryableError",
+    "NotFoundError",
+    "UnavailableError",
+    "events",
     "handler",
 ]
 

@@ -1,38 +1,55 @@
-"""The Python SDK: publish, pause, resume, delete and trigger jobs.
+"""The Python SDK: publish and control jobs, read executions.
 
-    from cronstream import Client, JobDefinition
+    from cronstream import Client
 
     with Client() as client:
-        client.apply([JobDefinition(job_id="nightly", type="CRON", schedule="0 2 * * *",
-                                    timezone="Europe/Berlin", handler="reports.daily")])
+        client.apply([{"job_id": "nightly", "type": "CRON", "schedule": "0 2 * * *",
+                       "timezone": "Europe/Berlin", "handler": "reports.daily"}])
+        client.pause("nightly")
+        for run in client.runs("nightly", limit=5):
+            print(run.status, run.completed_at)
 
-Everything is validated before anything is sent: a bad definition raises
+    async with AsyncClient() as client:          # the same, for asyncio applications
+        await client.trigger("nightly")
+
+`AsyncClient` does the work; `Client` runs one on a private event loop in a thread of its
+own, so it is safe to call from any thread, from code that has no event loop and from
+code that has one (it never calls `asyncio.run()`; inside a coroutine prefer
+`AsyncClient`, which does not block the caller's loop).
+
+Definitions are validated before anything is sent (models or plain mappings; ISO 8601
+strings for times; an unknown field is an error naming it): a bad one raises
 `DefinitionError` naming the job and the field, and nothing of the batch is published.
+Definitions are read from the `job-definitions` topic (the source of truth, Kafka only);
+executions from the monitor's PostgreSQL projection. `UnavailableError` means Kafka or
+PostgreSQL cannot be reached within `timeout` seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import getpass
-import json
 import socket
-from collections.abc import Iterable
+import threading
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
-import yaml
-from confluent_kafka import TopicPartition
+import asyncpg
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import ValidationError
 
-from cronstream.shared.codec import MAX_RECORD_BYTES, describe
-from cronstream.shared.dag import dag_problem
+from cronstream.definitions import check_dags, load_definitions, parse_definitions
+from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
+from cronstream.executions import Execution
+from cronstream.shared.codec import MAX_RECORD_BYTES
+from cronstream.shared.db import query
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
-from cronstream.shared.kafka import ConsumerThread, OutRecord, producer_config, reader_config
-from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.kafka import ConsumerThread, OutRecord, producer_config, read_to_end, reader_config
 from cronstream.shared.records import (
-    MAX_DEFINITION_BYTES,
     Command,
     CommandKind,
     JobDefinition,
@@ -40,164 +57,108 @@ from cronstream.shared.records import (
     JobSnapshot,
 )
 from cronstream.shared.schedule import to_millis
-from cronstream.shared.settings import Settings
+from cronstream.shared.settings import Settings, redact_url
 from cronstream.shared.telemetry import new_headers
 
-__all__ = ["Client", "DefinitionError", "load_definitions", "parse_definitions"]
+__all__ = [
+    "AsyncClient", "Client", "DefinitionError", "NotFoundError", "UnavailableError",
+    "load_definitions", "parse_definitions",
+]
+
+T = TypeVar("T")
+DefinitionLike: TypeAlias = JobDefinition | Mapping[str, Any]
+DEFAULT_TIMEOUT = 10.0
 
 
-class DefinitionError(ValueError):
-    """One or more definitions are invalid; the message says which job, field and why."""
+def _who() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
-def parse_definitions(documents: list[Any], source: str = "input") -> list[JobDefinition]:
-    """Validate raw definitions (dicts, as loaded from YAML or JSON) strictly, as the
-    services validate them from Kafka. Raises DefinitionError listing every problem."""
-    items: list[Any] = []
-    for document in documents:
-        if document is None:
-            continue
-        doc = document["jobs"] if isinstance(document, dict) and set(document) == {"jobs"} else document
-        items.extend(doc if isinstance(doc, list) else [doc])
-    problems: list[str] = []
-    definitions: list[JobDefinition] = []
-    for index, item in enumerate(items, start=1):
-        job = item.get("job_id") if isinstance(item, dict) else None
-        where = f"{source}: definition #{index}" + (f" (job_id {job!r})" if job else "")
-        if not isinstance(item, dict):
-            problems.append(f"{where}: expected a mapping of fields, got {type(item).__name__}")
-            continue
-        try:
-            raw = json.dumps(item, default=_json_default).encode()
-        except TypeError as exc:
-            problems.append(f"{where}: {exc}")
-            continue
-        if len(raw) > MAX_DEFINITION_BYTES:
-            problems.append(f"{where}: definition is {len(raw)} bytes; the limit is "
-                            f"{MAX_DEFINITION_BYTES}")
-            continue
-        try:
-            definitions.append(JobDefinition.model_validate_json(raw))
-        except ValidationError as exc:
-            problems.append(f"{where}: {describe(exc)}")
-    seen: set[str] = set()
-    for definition in definitions:
-        if definition.job_id in seen:
-            problems.append(f"{source}: job_id {definition.job_id!r} is defined more than once")
-        seen.add(definition.job_id)
-    if problems:
-        raise DefinitionError("\n".join(problems))
-    if not definitions:
-        raise DefinitionError(f"{source}: no definitions found")
-    return definitions
+class AsyncClient:
+    """The SDK for asyncio code. Not shared between event loops; close it (or use
+    `async with`) when done. Every call gives up after `timeout` seconds of an
+    unreachable server with `UnavailableError`."""
 
-
-def load_definitions(path: str | Path) -> list[JobDefinition]:
-    """Read one or many definitions from a YAML (multi-document allowed) or JSON file."""
-    path = Path(path)
-    text = path.read_text()
-    try:
-        documents = [json.loads(text)] if path.suffix == ".json" else list(yaml.safe_load_all(text))
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise DefinitionError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                              f"{exc}") from None
-    return parse_definitions(documents, str(path))
-
-
-def check_dags(new: list[JobDefinition], existing: dict[str, JobDefinition]) -> None:
-    """Refuse cycles and DEPENDENT jobs with more than one scheduled root (SPEC §5.6)."""
-    merged = {**existing, **{d.job_id: d for d in new}}
-
-    def lookup(job_id: str) -> tuple[str, list[str]] | None:
-        found = merged.get(job_id)
-        return None if found is None else (found.type, list(found.depends_on))
-
-    def downstream(job_id: str) -> list[str]:
-        return [d.job_id for d in merged.values() if job_id in d.depends_on]
-
-    problems = [f"job_id {d.job_id!r}: {problem}" for d in new
-                if (problem := dag_problem(d.job_id, lookup, downstream)) is not None]
-    if problems:
-        raise DefinitionError("\n".join(problems))
-
-
-class Client:
-    """Publishes to cronstream's topics. Thread-unsafe; one per thread."""
-
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.settings = settings or Settings.from_env()
         self.topics = self.settings.topics
-        self._producer = IdempotentProducer(producer_config(self.settings, "cronstream-client"))
+        self.timeout = timeout
+        self._producer: Producer | None = None
+        self._checked_topics: set[str] = set()
+        self._pool: asyncpg.Pool | None = None
 
-    def __enter__(self) -> Client:
+    async def __aenter__(self) -> AsyncClient:
         return self
 
-    def __exit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType]) -> None:
-        self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
 
-    def close(self) -> None:
-        self._producer.flush()
+    async def close(self) -> None:
+        """Deliver what is still queued, then release the connections."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, producer.flush, self.timeout)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
 
-    # -- definitions ----------------------------------------------------------------
+    # -- definitions (Kafka) --------------------------------------------------------
 
-    def apply(self, definitions: Iterable[JobDefinition]) -> list[str]:
-        """Publish definitions (all validated first, DAG shape included); returns their
-        job_ids. Raises DefinitionError and sends nothing when any is invalid."""
-        definitions = list(definitions)
-        if any(d.type == "DEPENDENT" for d in definitions):
-            check_dags(definitions, self.definitions())
+    async def apply(self, definitions: Iterable[DefinitionLike]) -> list[str]:
+        """Validate every definition (DAG shape included), then publish them all; returns
+        their job_ids. Raises DefinitionError and sends nothing when any is invalid."""
+        parsed = parse_definitions(list(definitions), "apply")
+        if any(d.type == "DEPENDENT" for d in parsed):
+            check_dags(parsed, await self.definitions())
+        now, who = datetime.now(UTC), _who()
         stamped = []
-        who = f"{getpass.getuser()}@{socket.gethostname()}"
-        for definition in definitions:
+        for definition in parsed:
             updates: dict[str, Any] = {}
             if definition.created_by is None:
                 updates["created_by"] = who
             if definition.created_at is None:
-                updates["created_at"] = datetime.now(UTC)
+                updates["created_at"] = now
             stamped.append(definition.model_copy(update=updates) if updates else definition)
-        for definition in stamped:
-            self._producer.produce(OutRecord(
-                self.topics.job_definitions, definition.job_id.encode(), definition.to_json(),
-                new_headers(),
-            ))
-        self._producer.flush()
+        await self._publish_definitions(stamped)
         return [d.job_id for d in stamped]
 
-    def delete(self, job_id: str) -> None:
-        self._producer.produce(OutRecord(self.topics.job_definitions, job_id.encode(), None))
-        self._producer.flush()
+    async def _publish_definitions(self, definitions: Sequence[JobDefinition]) -> None:
+        await self._send([OutRecord(self.topics.job_definitions, d.job_id.encode(), d.to_json(),
+                                    new_headers()) for d in definitions])
 
-    def get(self, job_id: str) -> JobDefinition | None:
-        """The current definition of `job_id`, read from the compacted topic."""
-        return self.definitions().get(job_id)
+    async def delete(self, job_id: str) -> None:
+        """Delete a job: a tombstone on `job-definitions`."""
+        await self._send([OutRecord(self.topics.job_definitions, job_id.encode(), None)])
 
-    def definitions(self) -> dict[str, JobDefinition]:
+    async def definitions(self) -> dict[str, JobDefinition]:
         """Every current definition, read from `job-definitions` to its end."""
-        import asyncio
-
-        from cronstream.shared.kafka import read_to_end
-
         latest: dict[str, bytes | None] = {}
 
-        def keep(messages: list[Any]) -> None:
+        def keep(messages: builtins.list[Message]) -> None:
             for msg in messages:
-                if msg.key() is not None:
-                    latest[msg.key().decode("utf-8", "replace")] = msg.value()
+                key = msg.key()
+                if key is not None:
+                    latest[key.decode("utf-8", "replace")] = msg.value()
 
-        async def scan() -> None:
-            reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
-            try:
-                await read_to_end(reader, [TopicPartition(self.topics.job_definitions, 0)], keep)
-            finally:
-                await reader.close()
-
-        asyncio.run(scan())
+        topic = self.topics.job_definitions
+        await self._check_topics([topic])
+        reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
+        try:
+            await asyncio.wait_for(read_to_end(reader, [TopicPartition(topic, 0)], keep),
+                                   self.timeout * 6)
+        except (KafkaException, TimeoutError) as exc:
+            raise UnavailableError(f"cannot read {topic} from Kafka at "
+                                   f"{self.settings.kafka_bootstrap_servers}: {_reason(exc)}") from None
+        finally:
+            await reader.close()
         found: dict[str, JobDefinition] = {}
         for job_id, value in latest.items():
             if value is None or len(value) > MAX_RECORD_BYTES:
@@ -205,70 +166,46 @@ class Client:
             try:
                 found[job_id] = JobDefinition.model_validate_json(value)
             except ValidationError:
-                continue
+                continue  # dead-lettered by the scheduler; the job is suspended
         return found
 
-    def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
-        current = self.get(job_id)
-        if current is None:
-            raise DefinitionError(f"no job {job_id!r}")
+    async def list(self) -> list[JobDefinition]:
+        """Every current definition, by job_id."""
+        found = await self.definitions()
+        return [found[k] for k in sorted(found)]
+
+    async def get(self, job_id: str) -> JobDefinition | None:
+        """The current definition of `job_id`, or None."""
+        return (await self.definitions()).get(job_id)
+
+    async def _require(self, job_id: str) -> JobDefinition:
+        found = await self.get(job_id)
+        if found is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return found
+
+    async def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
+        current = await self._require(job_id)
+        # Re-published as read, fields of a newer version included.
         updated = current.model_copy(update={"enabled": enabled})
-        self.apply([updated])
+        await self._publish_definitions([updated])
         return updated
 
-    def pause(self, job_id: str) -> JobDefinition:
-        return self.set_enabled(job_id, False)
+    async def pause(self, job_id: str) -> JobDefinition:
+        """Stop firing `job_id` until `resume` (fires meanwhile are skipped)."""
+        return await self.set_enabled(job_id, False)
 
-    def resume(self, job_id: str) -> JobDefinition:
-        return self.set_enabled(job_id, True)
+    async def resume(self, job_id: str) -> JobDefinition:
+        return await self.set_enabled(job_id, True)
 
     # -- executions -----------------------------------------------------------------
 
-    def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
+    async def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
         """Run `job_id` now (reason MANUAL), outside its schedule; returns the execution id."""
-        definition = self.get(job_id)
-        if definition is None:
-            raise DefinitionError(f"no job {job_id!r}")
-        return self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
+        definition = await self._require(job_id)
+        return await self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
 
-    def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
-                job_id: str | None = None, issued_by: str | None = None) -> Command:
-        """Publish an operator command (CANCEL, APPROVE, REJECT) about one execution.
-
-        `issued_by` names who acts (recorded as approved_by / rejected_by / cancelled_by on
-        the event the command causes); by default the local user and host."""
-        command = Command(command=kind, execution_id=execution_id, job_id=job_id, reason=reason,
-                          issued_at=datetime.now(UTC),
-                          issued_by=issued_by or f"{getpass.getuser()}@{socket.gethostname()}")
-        self._producer.produce(OutRecord(self.topics.commands, str(execution_id).encode(),
-                                         command.to_json(), new_headers()))
-        self._producer.flush()
-        return command
-
-    def cancel_retry(self, retry_execution_id: UUID) -> None:
-        """Drop a pending retry timer (a tombstone on `retries`)."""
-        self._producer.produce(OutRecord(self.topics.retries, str(retry_execution_id).encode(), None,
-                                         new_headers()))
-        self._producer.flush()
-
-    def cancel_pending_retry(self, retry_execution_id: UUID, job_id: str,
-                             reason: str | None = None, issued_by: str | None = None) -> Command:
-        """Cancel the attempt a failed execution is waiting to retry (its execution id is
-        deterministic: `shared/retry.retry_execution_id`). The timer is dropped at once (a
-        tombstone on `retries`, before the scheduler can fire it) and the CANCEL command lets
-        the monitor record the attempt CANCELLED — or its worker skip it, had it fired."""
-        self.cancel_retry(retry_execution_id)
-        return self.cancel(retry_execution_id, reason, issued_by=issued_by, job_id=job_id)
-
-    def cancel(self, execution_id: UUID, reason: str | None = None,
-               issued_by: str | None = None, job_id: str | None = None) -> Command:
-        """Cancel an execution: skipped if not started yet, stopped if running, ended if
-        awaiting approval; a pending retry (by its execution id, with `job_id`) is dropped.
-        Only the services write the CANCELLED event (docs/architecture.md)."""
-        return self.command("CANCEL", execution_id, reason or "cancelled by an operator",
-                            job_id=job_id, issued_by=issued_by)
-
-    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
+    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
         due = JobDue(
             execution_id=execution_id(definition.job_id, scheduled_at, 1),
             job_id=definition.job_id,
@@ -279,7 +216,245 @@ class Client:
             idempotency_key=idempotency_key(definition.job_id, scheduled_at, definition.params),
             job=JobSnapshot.of(definition),
         )
-        self._producer.produce(OutRecord(self.topics.job_due, definition.job_id.encode(),
-                                         due.to_json(), new_headers()))
-        self._producer.flush()
+        await self._send([OutRecord(self.topics.job_due, definition.job_id.encode(), due.to_json(),
+                                    new_headers())])
         return due.execution_id
+
+    async def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
+                      job_id: str | None = None, issued_by: str | None = None) -> Command:
+        """Publish an operator command (CANCEL, APPROVE, REJECT) about one execution.
+
+        `issued_by` names who acts (recorded as approved_by / rejected_by / cancelled_by on
+        the event the command causes); by default the local user and host."""
+        command = Command(command=kind, execution_id=execution_id, job_id=job_id, reason=reason,
+                          issued_at=datetime.now(UTC), issued_by=issued_by or _who())
+        await self._send([OutRecord(self.topics.commands, str(execution_id).encode(),
+                                    command.to_json(), new_headers())])
+        return command
+
+    async def cancel(self, execution_id: UUID, reason: str | None = None,
+                     issued_by: str | None = None, job_id: str | None = None) -> Command:
+        """Cancel an execution: skipped by the worker that reaches it if not started yet,
+        stopped if running, ended by the monitor if awaiting approval. Only the services
+        write the CANCELLED event (docs/architecture.md: who writes what)."""
+        return await self.command("CANCEL", execution_id, reason or "cancelled by an operator",
+                                  job_id=job_id, issued_by=issued_by)
+
+    async def cancel_pending_retry(self, retry_execution_id: UUID, job_id: str,
+                                   reason: str | None = None, issued_by: str | None = None) -> Command:
+        """Cancel the attempt a failed execution waits to retry (its execution id is
+        deterministic: `shared/retry.retry_execution_id`). The timer is dropped at once (a
+        tombstone on `retries`, before the scheduler can fire it) and the CANCEL command lets
+        the monitor record that attempt CANCELLED — or its worker skip it, had it fired."""
+        await self.cancel_retry(retry_execution_id)
+        return await self.cancel(retry_execution_id, reason, issued_by=issued_by, job_id=job_id)
+
+    async def approve(self, execution_id: UUID, reason: str | None = None,
+                      issued_by: str | None = None) -> Command:
+        """Release a DAG step waiting in AWAITING_APPROVAL."""
+        return await self.command("APPROVE", execution_id, reason, issued_by=issued_by)
+
+    async def reject(self, execution_id: UUID, reason: str | None = None,
+                     issued_by: str | None = None) -> Command:
+        """Skip a DAG step waiting in AWAITING_APPROVAL (SKIPPED)."""
+        return await self.command("REJECT", execution_id, reason, issued_by=issued_by)
+
+    async def cancel_retry(self, retry_execution_id: UUID) -> None:
+        """Drop a pending retry timer (a tombstone on `retries`)."""
+        await self._send([OutRecord(self.topics.retries, str(retry_execution_id).encode(), None,
+                                    new_headers())])
+
+    async def runs(self, job_id: str | None = None, *, status: str | None = None,
+                   limit: int = 20) -> builtins.list[Execution]:
+        """Recent executions, newest first (from PostgreSQL), of one job or of all."""
+        rows = await self.fetch("list_executions", job_id, status, limit)
+        return [Execution.from_row(r) for r in rows]
+
+    async def execution(self, execution_id: UUID) -> Execution | None:
+        rows = await self.fetch("get_execution", execution_id)
+        return Execution.from_row(rows[0]) if rows else None
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def fetch(self, name: str, *args: Any) -> builtins.list[asyncpg.Record]:
+        """Run the named read-only query of `queries.sql` against the projection."""
+        if self._pool is None:
+            self._pool = asyncpg.create_pool(
+                self.settings.database_url, min_size=0, max_size=2, timeout=self.timeout,
+                # Reads only: safe against any deployment, a read replica included.
+                server_settings={"default_transaction_read_only": "on",
+                                 "application_name": "cronstream-client"})
+            await self._pool
+        try:
+            conn = await self._pool.acquire(timeout=self.timeout)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise UnavailableError(f"cannot reach PostgreSQL at "
+                                   f"{redact_url(self.settings.database_url)}: {_reason(exc)}") from None
+        try:
+            return await conn.fetch(query(name), *args, timeout=self.timeout * 3)
+        except asyncpg.UndefinedTableError as exc:
+            raise CronstreamError(f"the database has no cronstream tables ({_reason(exc)}): "
+                                  "run `cronstream init`") from None
+        finally:
+            await self._pool.release(conn)
+
+    def _kafka(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.settings, "cronstream-client"))
+        return self._producer
+
+    async def _check_topics(self, topics: Iterable[str]) -> None:
+        """Fail fast and clearly when Kafka does not answer or a topic is missing, instead
+        of waiting for a delivery timeout."""
+        loop = asyncio.get_running_loop()
+        for topic in set(topics) - self._checked_topics:
+            try:
+                metadata = await loop.run_in_executor(None, self._kafka().list_topics, topic,
+                                                      self.timeout)
+            except KafkaException as exc:
+                raise UnavailableError(f"cannot reach Kafka at {self.settings.kafka_bootstrap_servers}"
+                                       f": {_reason(exc)}") from None
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                raise CronstreamError(f"topic {topic} does not exist on "
+                                      f"{self.settings.kafka_bootstrap_servers}: run `cronstream init`")
+            self._checked_topics.add(topic)
+
+    async def _send(self, records: Sequence[OutRecord]) -> None:
+        """Produce `records` and wait until every one is acknowledged."""
+        await self._check_topics(r.topic for r in records)
+        producer = self._kafka()
+        errors: builtins.list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err)
+
+        for record in records:
+            while True:
+                try:
+                    headers: Any = record.headers  # (name, bytes) pairs, as the stubs allow
+                    producer.produce(record.topic, record.value, record.key, headers=headers,
+                                     on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        remaining = await asyncio.get_running_loop().run_in_executor(None, producer.flush,
+                                                                      self.timeout * 3)
+        if remaining:
+            raise UnavailableError(f"cannot reach Kafka at {self.settings.kafka_bootstrap_servers}: "
+                                   f"{remaining} record(s) not acknowledged in {self.timeout * 3:.0f}s")
+        if errors:
+            raise CronstreamError(f"Kafka refused {len(errors)} record(s): {errors[0].str()}")
+
+
+class Client:
+    """The SDK for ordinary (synchronous) code, safe to share between threads.
+
+    It runs an `AsyncClient` on a private event loop in a daemon thread; each call waits
+    for its result. Close it (or use `with`) to deliver what is queued and stop the thread.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._async = AsyncClient(settings, timeout=timeout)
+        self.settings = self._async.settings
+        self.topics = self._async.topics
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="cronstream-client",
+                                        daemon=True)
+        self._thread.start()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            call.close()  # never started: no "coroutine was never awaited"
+            raise CronstreamError("this Client is closed")
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._run(self._async.close())
+            finally:
+                self._closed = True
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
+
+    def apply(self, definitions: Iterable[DefinitionLike]) -> list[str]:
+        """Validate every definition (models or mappings), then publish them all; returns
+        their job_ids. Raises DefinitionError and sends nothing when any is invalid."""
+        return self._run(self._async.apply(list(definitions)))
+
+    def delete(self, job_id: str) -> None:
+        self._run(self._async.delete(job_id))
+
+    def definitions(self) -> dict[str, JobDefinition]:
+        return self._run(self._async.definitions())
+
+    def list(self) -> list[JobDefinition]:
+        return self._run(self._async.list())
+
+    def get(self, job_id: str) -> JobDefinition | None:
+        return self._run(self._async.get(job_id))
+
+    def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
+        return self._run(self._async.set_enabled(job_id, enabled))
+
+    def pause(self, job_id: str) -> JobDefinition:
+        return self._run(self._async.pause(job_id))
+
+    def resume(self, job_id: str) -> JobDefinition:
+        return self._run(self._async.resume(job_id))
+
+    def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
+        return self._run(self._async.trigger(job_id, at))
+
+    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
+        return self._run(self._async.submit(definition, scheduled_at, reason))
+
+    def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
+                job_id: str | None = None, issued_by: str | None = None) -> Command:
+        return self._run(self._async.command(kind, execution_id, reason, job_id, issued_by))
+
+    def cancel(self, execution_id: UUID, reason: str | None = None,
+               issued_by: str | None = None, job_id: str | None = None) -> Command:
+        """Cancel an execution (AsyncClient.cancel)."""
+        return self._run(self._async.cancel(execution_id, reason, issued_by, job_id))
+
+    def cancel_pending_retry(self, retry_execution_id: UUID, job_id: str,
+                             reason: str | None = None, issued_by: str | None = None) -> Command:
+        """Cancel a failed execution's pending retry (AsyncClient.cancel_pending_retry)."""
+        return self._run(self._async.cancel_pending_retry(retry_execution_id, job_id, reason,
+                                                          issued_by))
+
+    def approve(self, execution_id: UUID, reason: str | None = None,
+                issued_by: str | None = None) -> Command:
+        return self._run(self._async.approve(execution_id, reason, issued_by))
+
+    def reject(self, execution_id: UUID, reason: str | None = None,
+               issued_by: str | None = None) -> Command:
+        return self._run(self._async.reject(execution_id, reason, issued_by))
+
+    def cancel_retry(self, retry_execution_id: UUID) -> None:
+        self._run(self._async.cancel_retry(retry_execution_id))
+
+    def runs(self, job_id: str | None = None, *, status: str | None = None,
+             limit: int = 20) -> builtins.list[Execution]:
+        return self._run(self._async.runs(job_id, status=status, limit=limit))
+
+    def execution(self, execution_id: UUID) -> Execution | None:
+        return self._run(self._async.execution(execution_id))
+
+    def fetch(self, name: str, *args: Any) -> builtins.list[asyncpg.Record]:
+        return self._run(self._async.fetch(name, *args))

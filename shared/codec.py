@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from cronstream.shared.records import MAX_DEFINITION_BYTES, Record
+from cronstream.shared.records import MAX_DEFINITION_BYTES, SCHEMA_VERSION, Record
 
 T = TypeVar("T", bound=Record)
 
@@ -55,7 +55,8 @@ def decode(
     try:
         record = model.model_validate_json(value)
     except ValidationError as exc:
-        raise DecodeError(f"invalid {model.__name__}: {describe(exc)}") from None
+        raise DecodeError(_major_version_problem(model, exc)
+                          or f"invalid {model.__name__}: {describe(exc)}") from None
     except Exception as exc:
         # Not a validation error, yet the record caused it (a RecursionError from a
         # pathological expression, an OverflowError from a date): the record is bad, the
@@ -68,6 +69,17 @@ def decode(
             shown = key.decode("utf-8", "replace") if key is not None else None
             raise DecodeError(f"key {shown!r} does not match {key_field} {expected!r}")
     return record
+
+
+def _major_version_problem(model: type[Record], exc: ValidationError) -> str | None:
+    """The reason for a record of another major `schema_version`, which no field-by-field
+    account would make clear (decision 0050). Checked only once validation has failed,
+    so the hot path parses each record once."""
+    for error in exc.errors(include_url=False):
+        if error["loc"] == ("schema_version",):
+            return (f"unsupported schema_version {error['input']!r}: this consumer reads "
+                    f"{model.__name__} major version {SCHEMA_VERSION}")
+    return None
 
 
 def decode_key(key: bytes | None) -> str:

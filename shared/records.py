@@ -2,10 +2,15 @@
 
 These pydantic models are the source of truth; `schemas/` holds the JSON Schema
 generated from them (`python -m cronstream.shared.schemagen`), and a test fails when
-the two drift. Models are strict (no coercion: "5" is not 5), frozen and closed
-(`extra="forbid"`): a record either is exactly what the contract says or it is
-dead-lettered. Enumerations are string literals so that they mean the same in JSON,
-in YAML and in Python.
+the two drift. Models are strict (no coercion: "5" is not 5) and frozen: a record either
+is what the contract says or it is dead-lettered. They are open to *unknown* fields
+(`extra="allow"`), which are kept and written out again wherever a record passes
+through, so that a newer minor version that only adds optional fields never
+dead-letters traffic during a rolling upgrade; `schema_version` is the major version, and
+an unknown one is refused (decision 0050). What people write (`apply`, the SDK) is held
+to the closed contract instead: `Record.from_dict` refuses an unknown field as a typo.
+Enumerations are string literals so that they mean the same in JSON, in YAML and in
+Python.
 
 Execution states and who moves an execution out of each: `shared/statuses.py`
 (`Status`, one member per status with its meaning; the derived sets TERMINAL, FINAL...).
@@ -14,9 +19,10 @@ Execution states and who moves an execution out of each: `shared/statuses.py`
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo, available_timezones
 
@@ -89,6 +95,12 @@ def _utc(value: datetime) -> datetime:
     return value
 
 
+def _plain_json(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
 def _json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
@@ -122,14 +134,22 @@ Delivery = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
 class Record(BaseModel):
-    """Base of every wire record: strict, frozen, closed, versioned."""
+    """Base of every wire record: strict, frozen, versioned, open to newer fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
 
     schema_version: Literal[1] = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=False).encode()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build a record from plain data (a dict from YAML, JSON or code) exactly as a
+        service would read it from Kafka: times as ISO 8601 strings (or aware datetimes),
+        no other coercion, and no unknown field (a typo is an error that names it)."""
+        raw = json.dumps(data, default=_plain_json)
+        return cls.model_validate_json(raw, extra="forbid")
 
 
 class JobDefinition(Record):

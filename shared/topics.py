@@ -92,6 +92,11 @@ class Topics:
     def alerts(self) -> str:
         return f"{self.prefix}alerts"
 
+    def public(self) -> list[str]:
+        """The topics other systems produce to or consume from: a compatibility contract
+        (schemas/asyncapi.yaml, docs/consuming-events.md)."""
+        return [self.job_definitions, self.execution_events, self.alerts, self.dead_letters]
+
     def logical(self, topic: str) -> str:
         """A topic's name without the prefix (a bounded metric label)."""
         return topic[len(self.prefix):] if topic.startswith(self.prefix) else "other"

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 import click
 
-from cronstream.cli import dev_cmd, infra_cmds, job_cmds, service_cmds, view_cmds
-from cronstream.cli.common import CliState, CronstreamGroup
+from cronstream.cli import (
+    completion_cmd,
+    dev_cmd,
+    infra_cmds,
+    inspect_cmds,
+    job_cmds,
+    service_cmds,
+    view_cmds,
+)
+from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_closed
+
+# Commands that act as a client (not services, not local infrastructure).
+CLIENT_COMMANDS = frozenset({
+    "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
+    "jobs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,13 +35,20 @@ from cronstream.cli.common import CliState, CronstreamGroup
 @click.option("--kafka-config", "kafka_config", multiple=True, metavar="KEY=VALUE",
               help="Any librdkafka property (repeatable) [CRONSTREAM_KAFKA_<PROPERTY>].")
 @click.option("--log-level", envvar="CRONSTREAM_LOG_LEVEL", help="DEBUG, INFO, WARNING, ERROR.")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+              help="Seconds to wait for Kafka or PostgreSQL before giving up (exit 3).")
 @click.version_option(package_name="cronstream")
 @click.pass_context
 def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | None,
-        topic_prefix: str | None, kafka_config: tuple[str, ...], log_level: str | None) -> None:
+        topic_prefix: str | None, kafka_config: tuple[str, ...], log_level: str | None,
+        timeout: float) -> None:
     """cronstream: cron, interval and one-time jobs on Apache Kafka.
 
     Start with `cronstream dev` (everything, with examples and a live view).
+
+    \b
+    Exit codes: 0 ok, 1 failed, 2 usage, 3 cannot reach Kafka or PostgreSQL,
+    4 not found.
     """
     extra: dict[str, str] = {}
     for item in kafka_config:
@@ -42,24 +63,34 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
         "log_level": log_level,
         "kafka_config": extra or None,
     }
-    ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None})
+    if ctx.invoked_subcommand in CLIENT_COMMANDS and (log_level or "").upper() != "DEBUG":
+        # librdkafka logs every failed connection attempt; a client command reports the
+        # outcome in one line instead (exit 3). Services keep their librdkafka logs.
+        logging.getLogger("librdkafka").addHandler(logging.NullHandler())
+        logging.getLogger("librdkafka").propagate = False
+    ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None}, timeout)
 
 
-for module in (infra_cmds, service_cmds, job_cmds, view_cmds, dev_cmd):
+for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        result = cli.main(args=argv, prog_name="cronstream", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    return result if isinstance(result, int) else 0
+        try:
+            result = cli.main(args=argv, prog_name="cronstream", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            return 130
+        except click.ClickException as exc:
+            exc.show()
+            return exc.exit_code
+        sys.stdout.flush()
+    except BrokenPipeError:  # the final flush: the reader went away (`| head -1`)
+        stdout_closed()
+        return EXIT_OK
+    return result if isinstance(result, int) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -2,47 +2,84 @@
 
 from __future__ import annotations
 
+import difflib
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.output import dump_yaml
 from cronstream.cli.view_cmds import fetch
-from cronstream.client import Client, DefinitionError, load_definitions
-from cronstream.shared.records import CommandKind
+from cronstream.client import Client
+from cronstream.definitions import check_dags, document, load_sources, without_stamps
+from cronstream.errors import DefinitionError, NotFoundError
+from cronstream.shared.records import CommandKind, JobDefinition
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
 from cronstream.shared.statuses import TERMINAL
 
 
-def _load(path: str) -> list:  # type: ignore[type-arg]
+def _load(paths: tuple[str, ...]) -> list[JobDefinition]:
     try:
-        return load_definitions(path)
+        return load_sources(paths)
     except DefinitionError as exc:
         raise click.ClickException(f"nothing was sent:\n{exc}") from None
-    except OSError as exc:
-        raise click.ClickException(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _files_option(fn: Any) -> Any:
+    return click.option(
+        "-f", "--file", "paths", required=True, multiple=True, type=click.Path(allow_dash=True),
+        help="YAML or JSON file, a directory (recursive, .yaml/.yml/.json) or - for stdin; "
+             "repeatable.")(fn)
 
 
 @click.command()
-@click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
-              help="YAML or JSON file with one or many definitions.")
-@click.option("--dry-run", is_flag=True, help="Validate only.")
+@_files_option
+@click.option("--dry-run", is_flag=True,
+              help="Validate, and show the difference with what is live; send nothing.")
 @pass_state
-def apply(state: CliState, path: str, dry_run: bool) -> None:
-    """Validate every definition in FILE, then publish them (all or none)."""
-    definitions = _load(path)
-    if dry_run:
-        click.echo(f"{len(definitions)} valid definition(s); nothing sent (--dry-run)")
-        return
-    with Client(state.settings()) as client:
+def apply(state: CliState, paths: tuple[str, ...], dry_run: bool) -> None:
+    """Validate every definition, then publish them (all or none)."""
+    definitions = _load(paths)
+    with state.client() as client:
+        if dry_run:
+            _diff(definitions, client.definitions())
+            return
         try:
             ids = client.apply(definitions)
         except DefinitionError as exc:
             raise click.ClickException(f"nothing was sent:\n{exc}") from None
     for job_id in ids:
         click.echo(f"applied {job_id}")
+
+
+def _diff(definitions: list[JobDefinition], live: dict[str, JobDefinition]) -> None:
+    """What `apply` would change, as a unified diff of the YAML forms per job. The fields
+    `apply` stamps (created_by, created_at) count only where the file sets them."""
+    try:
+        check_dags(definitions, live)
+    except DefinitionError as exc:
+        raise click.ClickException(f"would be refused:\n{exc}") from None
+    counts = {"create": 0, "change": 0, "unchanged": 0}
+    for definition in definitions:
+        new = document(definition)
+        current = live.get(definition.job_id)
+        old = without_stamps(document(current), unless_in=new) if current is not None else None
+        if old == new:
+            counts["unchanged"] += 1
+            click.echo(f"{definition.job_id}: unchanged")
+            continue
+        counts["create" if old is None else "change"] += 1
+        click.echo(f"{definition.job_id}: " + ("would be created" if old is None else "would change"))
+        before = [] if old is None else dump_yaml(old).splitlines()
+        for line in difflib.unified_diff(before, dump_yaml(new).splitlines(),
+                                         f"live/{definition.job_id}",
+                                         f"applied/{definition.job_id}", lineterm=""):
+            click.echo(line)
+    click.echo(f"dry run: {counts['create']} to create, {counts['change']} to change, "
+               f"{counts['unchanged']} unchanged; nothing sent")
 
 
 @click.command()
@@ -60,11 +97,8 @@ def delete(state: CliState, job_id: str) -> None:
 @pass_state
 def pause(state: CliState, job_id: str) -> None:
     """Stop firing a job until `resume` (fires meanwhile are skipped, not caught up)."""
-    with Client(state.settings()) as client:
-        try:
-            client.pause(job_id)
-        except DefinitionError as exc:
-            raise click.ClickException(str(exc)) from None
+    with state.client() as client:
+        client.pause(job_id)
     click.echo(f"paused {job_id}")
 
 
@@ -73,11 +107,8 @@ def pause(state: CliState, job_id: str) -> None:
 @pass_state
 def resume(state: CliState, job_id: str) -> None:
     """Fire a paused job again, from now on."""
-    with Client(state.settings()) as client:
-        try:
-            client.resume(job_id)
-        except DefinitionError as exc:
-            raise click.ClickException(str(exc)) from None
+    with state.client() as client:
+        client.resume(job_id)
     click.echo(f"resumed {job_id}")
 
 
@@ -86,11 +117,8 @@ def resume(state: CliState, job_id: str) -> None:
 @pass_state
 def trigger(state: CliState, job_id: str) -> None:
     """Run a job now, outside its schedule (reason MANUAL)."""
-    with Client(state.settings()) as client:
-        try:
-            execution = client.trigger(job_id)
-        except DefinitionError as exc:
-            raise click.ClickException(str(exc)) from None
+    with state.client() as client:
+        execution = client.trigger(job_id)
     click.echo(f"triggered {job_id}: execution {execution}")
 
 
@@ -107,14 +135,14 @@ def _parse_time(value: str | None) -> datetime:
 
 
 @click.command()
-@click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False))
+@_files_option
 @click.option("--from", "start", help="Start time, ISO 8601 with offset (default now).")
 @click.option("--count", default=5, show_default=True, type=click.IntRange(1, 10_000))
-def preview(path: str, start: str | None, count: int) -> None:
+def preview(paths: tuple[str, ...], start: str | None, count: int) -> None:
     """The next fire times of each definition, in UTC and in its own timezone, computed
     by the scheduler's own code."""
     after = _parse_time(start)
-    for definition in _load(path):
+    for definition in _load(paths):
         click.echo(f"{definition.job_id} ({definition.type}, {definition.timezone}):")
         if definition.type == "DEPENDENT":
             click.echo("  runs when its upstreams finish: " + ", ".join(definition.depends_on))
@@ -151,7 +179,7 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
     with Client(settings) as client:
         definition = client.get(job_id)
         if definition is None:
-            raise click.ClickException(f"no job {job_id!r}")
+            raise NotFoundError(f"no job {job_id!r}")
         if definition.type == "DEPENDENT":
             raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
         fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)

@@ -347,3 +347,71 @@ LIMIT 10000;
 -- name: still_running
 SELECT execution_id, delivery FROM job_executions
 WHERE execution_id = ANY($1::uuid[]) AND status = 'RUNNING';
+
+-- Reads for the CLI and the SDK (issue 14). Read-only, so they run on any replica.
+
+-- name: list_executions
+SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
+       started_at, completed_at, worker_id, progress, progress_message, error_message,
+       result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
+       updated_at
+FROM job_executions
+WHERE ($1::text IS NULL OR job_id = $1) AND ($2::text IS NULL OR status = $2)
+ORDER BY scheduled_at DESC, job_id, attempt_number DESC
+LIMIT $3;
+
+-- name: get_execution
+SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
+       started_at, completed_at, worker_id, progress, progress_message, error_message,
+       result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
+       updated_at
+FROM job_executions WHERE execution_id = $1;
+
+-- name: execution_timeline
+SELECT event_id, status, attempt_number, delivery, occurred_at, worker_id, error_message,
+       progress, progress_message, kafka_partition, kafka_offset
+FROM execution_events WHERE execution_id = $1
+ORDER BY occurred_at, kafka_partition, kafka_offset;
+
+-- name: run_executions
+-- Every execution of one run (its DAG steps and their attempts), in the order they began.
+SELECT execution_id, job_id, status, attempt_number, scheduled_at, completed_at
+FROM job_executions WHERE run_id = $1
+ORDER BY scheduled_at, job_id, attempt_number;
+
+-- name: get_definition
+SELECT definition::text AS definition, next_execution_at, updated_at
+FROM job_definitions WHERE job_id = $1 AND deleted_at IS NULL;
+
+-- name: job_downstream_ids
+SELECT downstream_job_id FROM job_dependencies WHERE upstream_job_id = $1
+ORDER BY downstream_job_id;
+
+-- name: jobs_list
+SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
+                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                                  array_to_string(d.depends_on, ',')) AS schedule,
+       d.timezone, d.handler, d.queue, d.priority, d.enabled, d.next_execution_at,
+       last.status AS last_status, last.scheduled_at AS last_scheduled_at,
+       COALESCE(stats.total, 0) AS total, COALESCE(stats.succeeded, 0) AS succeeded,
+       d.updated_at
+FROM job_definitions d
+LEFT JOIN LATERAL (
+    SELECT status, scheduled_at FROM job_executions e
+    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
+                                              'PERMANENTLY_FAILED')) AS total,
+           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
+    FROM job_executions e
+    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
+WHERE d.deleted_at IS NULL
+ORDER BY d.job_id;
+
+-- name: alerts_list
+SELECT alert_id, kind, severity, state, job_id, queue, execution_id, run_id, summary,
+       error_message, evidence::text AS evidence, fired_at, resolved_at
+FROM alerts
+WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job_id = $2)
+ORDER BY fired_at DESC
+LIMIT $3;

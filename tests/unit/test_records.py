@@ -22,8 +22,9 @@ BASE = {"job_id": "nightly.report-1", "type": "CRON", "schedule": "0 2 * * *", "
 
 
 def errors_of(data: dict[str, object]) -> str:
+    # As people write them (apply, the SDK): closed to unknown fields, as strict as the wire.
     with pytest.raises(ValidationError) as caught:
-        JobDefinition.model_validate_json(json.dumps(data))
+        JobDefinition.from_dict(data)
     return describe(caught.value)
 
 

@@ -1,0 +1,215 @@
+"""Job definitions as people write them: YAML or JSON files, directories, stdin, dicts.
+
+Everything is validated before anything is sent, with `JobDefinition.from_dict`: times
+as ISO 8601 strings, no other coercion, and an unknown field is a typo that is named.
+A file may hold one definition, several YAML documents, a list, or `{jobs: [...]}`.
+
+`document(definition)` is the inverse: the plain form that `cronstream get job -o yaml`
+prints and that `apply -f` reads back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from cronstream.errors import DefinitionError
+from cronstream.shared.codec import describe
+from cronstream.shared.dag import dag_problem
+from cronstream.shared.records import MAX_DEFINITION_BYTES, JobDefinition
+
+__all__ = [
+    "DEFINITION_SUFFIXES", "check_dags", "document", "load_definitions", "load_sources",
+    "parse_definitions",
+]
+
+DEFINITION_SUFFIXES = (".yaml", ".yml", ".json")
+# Stamped by `apply` when absent: not part of what a person edits, so a diff ignores them
+# unless the file sets them.
+STAMPED = ("created_by", "created_at")
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def parse_definitions(documents: Iterable[Any], source: str = "input") -> list[JobDefinition]:
+    """Validate raw definitions (mappings or JobDefinitions); raise DefinitionError
+    listing every problem with its place, or return them all."""
+    items: list[Any] = []
+    for doc in documents:
+        if doc is None:
+            continue
+        inner = doc["jobs"] if isinstance(doc, Mapping) and set(doc) == {"jobs"} else doc
+        items.extend(inner if isinstance(inner, list) else [inner])
+    problems: list[str] = []
+    definitions: list[JobDefinition] = []
+    for index, item in enumerate(items, start=1):
+        job = item.get("job_id") if isinstance(item, Mapping) else getattr(item, "job_id", None)
+        where = f"{source}: definition #{index}" + (f" (job_id {job!r})" if job else "")
+        try:
+            definitions.append(_one(item))
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{where}: {exc}")
+    seen: set[str] = set()
+    for definition in definitions:
+        if definition.job_id in seen:
+            problems.append(f"{source}: job_id {definition.job_id!r} is defined more than once")
+        seen.add(definition.job_id)
+    if problems:
+        raise DefinitionError("\n".join(problems))
+    if not definitions:
+        raise DefinitionError(f"{source}: no definitions found")
+    return definitions
+
+
+def _one(item: Any) -> JobDefinition:
+    if isinstance(item, JobDefinition):
+        # Built in code: the wire model keeps unknown fields, but a person's typo must
+        # not pass silently.
+        if item.model_extra:
+            names = ", ".join(sorted(item.model_extra))
+            raise ValueError(f"{names}: unknown field(s) of JobDefinition")
+        return item
+    if not isinstance(item, Mapping):
+        raise TypeError(f"expected a mapping of fields, got {type(item).__name__}")
+    size = len(json.dumps(item, default=_plain).encode())
+    if size > MAX_DEFINITION_BYTES:
+        raise ValueError(f"definition is {size} bytes; the limit is {MAX_DEFINITION_BYTES}")
+    try:
+        return JobDefinition.from_dict(item)
+    except ValidationError as exc:
+        raise ValueError(describe(exc)) from None
+
+
+def _documents(text: str, source: str, as_json: bool) -> list[Any]:
+    try:
+        return [json.loads(text)] if as_json else list(yaml.safe_load_all(text))
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if as_json else "YAML"
+        raise DefinitionError(f"{source}: not valid {kind}: {exc}") from None
+
+
+def load_definitions(path: str | Path) -> list[JobDefinition]:
+    """Read one or many definitions from a YAML (multi-document allowed) or JSON file."""
+    path = Path(path)
+    return parse_definitions(_documents(path.read_text(), str(path), path.suffix == ".json"),
+                             str(path))
+
+
+def files_in(paths: Iterable[str]) -> list[str]:
+    """Expand directories (recursively, like `kubectl apply -f dir/`) into their YAML and
+    JSON files, sorted; `-` (stdin) and files pass as given."""
+    found: list[str] = []
+    for given in paths:
+        path = Path(given)
+        if given != "-" and path.is_dir():
+            found += sorted(str(p) for p in path.rglob("*")
+                            if p.is_file() and p.suffix in DEFINITION_SUFFIXES
+                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        else:
+            found.append(given)
+    return found
+
+
+def load_sources(paths: Iterable[str], stdin: TextIO | None = None) -> list[JobDefinition]:
+    """Definitions from files, directories and `-` (stdin), validated together: a job_id
+    defined twice anywhere is an error, and any problem anywhere refuses the whole set."""
+    documents: list[Any] = []
+    problems: list[str] = []
+    files = files_in(paths)
+    if not files:
+        raise DefinitionError("no definition files found (.yaml, .yml, .json)")
+    for name in files:
+        try:
+            if name == "-":
+                text, source = (stdin or sys.stdin).read(), "<stdin>"
+            else:
+                text, source = Path(name).read_text(), name
+        except OSError as exc:
+            problems.append(f"{name}: cannot read: {exc.strerror}")
+            continue
+        try:
+            loaded = _documents(text, source, source.endswith(".json"))
+            documents += [_Sourced(source, doc) for doc in loaded if doc is not None]
+        except DefinitionError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise DefinitionError("\n".join(problems))
+    return _parse_sourced(documents, files)
+
+
+class _Sourced:
+    __slots__ = ("doc", "source")
+
+    def __init__(self, source: str, doc: Any) -> None:
+        self.source, self.doc = source, doc
+
+
+def _parse_sourced(documents: list[_Sourced], files: list[str]) -> list[JobDefinition]:
+    by_source: dict[str, list[Any]] = {}
+    for item in documents:
+        by_source.setdefault(item.source, []).append(item.doc)
+    problems: list[str] = []
+    definitions: list[JobDefinition] = []
+    where: dict[str, str] = {}
+    for source, docs in by_source.items():
+        try:
+            parsed = parse_definitions(docs, source)
+        except DefinitionError as exc:
+            problems.append(str(exc))
+            continue
+        for definition in parsed:
+            if definition.job_id in where:
+                problems.append(f"{source}: job_id {definition.job_id!r} is also defined in "
+                                f"{where[definition.job_id]}")
+            where[definition.job_id] = source
+            definitions.append(definition)
+    if problems:
+        raise DefinitionError("\n".join(problems))
+    if not definitions:
+        raise DefinitionError(f"{', '.join(files)}: no definitions found")
+    return definitions
+
+
+def check_dags(new: list[JobDefinition], existing: Mapping[str, JobDefinition]) -> None:
+    """Refuse cycles and DEPENDENT jobs with more than one scheduled root (SPEC §5.6)."""
+    merged = {**existing, **{d.job_id: d for d in new}}
+
+    def lookup(job_id: str) -> tuple[str, list[str]] | None:
+        found = merged.get(job_id)
+        return None if found is None else (found.type, list(found.depends_on))
+
+    def downstream(job_id: str) -> list[str]:
+        return [d.job_id for d in merged.values() if job_id in d.depends_on]
+
+    problems = [f"job_id {d.job_id!r}: {problem}" for d in new
+                if (problem := dag_problem(d.job_id, lookup, downstream)) is not None]
+    if problems:
+        raise DefinitionError("\n".join(problems))
+
+
+def document(definition: JobDefinition, *, keep: Callable[[str, Any], bool] | None = None,
+             ) -> dict[str, Any]:
+    """The plain (JSON-compatible) form of a definition in field order, without unset
+    optional fields; unknown fields of a newer version are kept. `apply` reads it back
+    as the same definition."""
+    data = definition.model_dump(mode="json", exclude_none=True)
+    if keep is not None:
+        data = {k: v for k, v in data.items() if keep(k, v)}
+    return data
+
+
+def without_stamps(data: dict[str, Any], unless_in: Mapping[str, Any] | None = None,
+                   ) -> dict[str, Any]:
+    """`data` without the fields `apply` stamps, unless `unless_in` sets them."""
+    return {k: v for k, v in data.items()
+            if k not in STAMPED or (unless_in is not None and unless_in.get(k) is not None)}

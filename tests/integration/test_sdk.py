@@ -1,0 +1,134 @@
+"""The SDK against the real broker and database: AsyncClient inside asyncio.run, the sync
+Client from threads and from async code, mappings in apply, errors with meaning."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from cronstream import (
+    AsyncClient,
+    Client,
+    CronstreamError,
+    DefinitionError,
+    JobDefinition,
+    NotFoundError,
+    UnavailableError,
+)
+from cronstream.shared.settings import Settings
+from tests.support import read_all, sql
+
+JOB = {"job_id": "nightly", "type": "ONE_TIME", "run_at": "2030-12-01T00:00:00Z", "handler": "noop",
+       "params": {"format": "pdf"}}
+
+
+def on_topic(settings: Settings, topic: str) -> list[tuple[str, dict[str, object] | None]]:
+    return [(m.key().decode(), json.loads(m.value()) if m.value() else None)
+            for m in read_all(settings, topic)]
+
+
+def test_async_client_inside_asyncio_run(topics: Settings) -> None:
+    async def main() -> None:
+        async with AsyncClient(topics) as client:
+            assert await client.apply([JOB, JobDefinition.from_dict({**JOB, "job_id": "other"})]) \
+                == ["nightly", "other"]
+            found = await client.get("nightly")
+            assert found is not None and found.params == {"format": "pdf"}
+            assert found.run_at == datetime(2030, 12, 1, tzinfo=UTC) and found.created_by
+            assert [d.job_id for d in await client.list()] == ["nightly", "other"]
+            assert (await client.pause("nightly")).enabled is False
+            assert (await client.resume("nightly")).enabled is True
+            execution = await client.trigger("nightly")
+            command = await client.cancel(execution, "not needed")
+            assert command.execution_id == execution
+            await client.approve(uuid.uuid4())
+            with pytest.raises(NotFoundError, match="no job 'missing'"):
+                await client.pause("missing")
+            assert await client.runs() == [] and await client.execution(execution) is None
+            await client.delete("other")
+            assert await client.get("other") is None
+
+    asyncio.run(main())
+    records = on_topic(topics, topics.topics.job_definitions)
+    assert [(k, v["enabled"] if v else None) for k, v in records] == [
+        ("nightly", True), ("other", True), ("nightly", False), ("nightly", True), ("other", None)]
+    assert [json.loads(m.value())["command"] for m in read_all(topics, topics.topics.commands)] == \
+        ["CANCEL", "APPROVE"]
+    assert [m.key() for m in read_all(topics, topics.topics.job_due)] == [b"nightly"]
+
+
+def test_client_apply_takes_mappings_and_names_the_bad_field(topics: Settings) -> None:
+    with Client(topics) as client:
+        assert client.apply([JOB]) == ["nightly"]
+        with pytest.raises(DefinitionError) as caught:
+            client.apply([{**JOB, "job_id": "fine"}, {**JOB, "job_id": "bad", "timout_seconds": 5},
+                          {**JOB, "job_id": "worse", "run_at": "tomorrow"}])
+        message = str(caught.value)
+        assert "definition #2 (job_id 'bad'): timout_seconds: Extra inputs are not permitted" in message
+        assert "definition #3 (job_id 'worse'): run_at: Input should be a valid datetime" in message
+        # A typo in a model built in code is refused the same way.
+        typo = JobDefinition.model_validate({**JOB, "job_id": "typo", "prioriti": "high",
+                                             "run_at": datetime(2030, 1, 1, tzinfo=UTC)})
+        with pytest.raises(DefinitionError, match="prioriti: unknown field"):
+            client.apply([typo])
+    assert [k for k, _ in on_topic(topics, topics.topics.job_definitions)] == ["nightly"]
+
+
+def test_client_is_safe_from_threads_and_from_async_code(topics: Settings) -> None:
+    with Client(topics) as client:
+        errors: list[BaseException] = []
+
+        def publish(n: int) -> None:
+            try:
+                client.apply([{**JOB, "job_id": f"t{n}-{i}"} for i in range(5)])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+
+        async def from_a_coroutine() -> int:
+            # Under a running loop: the sync client never calls asyncio.run().
+            return len(client.definitions())
+
+        assert asyncio.run(from_a_coroutine()) == 20
+    with pytest.raises(CronstreamError, match="closed"):
+        client.get("t0-0")
+
+
+def test_runs_reads_the_projection(topics: Settings) -> None:
+    execution, run = uuid.uuid4(), uuid.uuid4()
+    sql(topics.database_url,
+        "INSERT INTO job_executions (execution_id, job_id, run_id, status, scheduled_at, "
+        "attempt_number, result, last_event, updated_at) "
+        "VALUES ($1, 'nightly', $2, 'COMPLETED', now(), 1, '{\"rows\": 3}', 'COMPLETED', now())",
+        execution, run)
+    with Client(topics) as client:
+        (found,) = client.runs("nightly")
+        assert (found.execution_id, found.status, found.result, found.terminal) == \
+            (execution, "COMPLETED", {"rows": 3}, True)
+        assert client.runs(status="FAILED") == []
+        assert client.execution(execution) == found
+
+
+def test_unreachable_servers_raise_unavailable(topics: Settings) -> None:
+    closed_db = topics.model_copy(update={"database_url": "postgresql://postgres@127.0.0.1:1/x"})
+    with Client(closed_db, timeout=2) as client, \
+            pytest.raises(UnavailableError, match=r"cannot reach PostgreSQL at postgresql://postgres@127\.0\.0\.1:1/x"):
+        client.runs()
+    closed_kafka = topics.model_copy(update={"kafka_bootstrap_servers": "127.0.0.1:1"})
+    with Client(closed_kafka, timeout=1) as client, \
+            pytest.raises(UnavailableError, match=r"cannot reach Kafka at 127\.0\.0\.1:1"):
+        client.apply([JOB])
+    missing = topics.model_copy(update={"topic_prefix": f"missing{uuid.uuid4().hex[:6]}."})
+    with Client(missing) as client, pytest.raises(CronstreamError, match="run `cronstream init`"):
+        client.delete("x")
