@@ -84,7 +84,7 @@ class OpenImage:
     env: dict[str, str]
     user: str
     workdir: str
-    size_bytes: int
+    size: str  # as buildah reports it, e.g. "262 MB"
 
 
 @contextmanager
@@ -92,8 +92,7 @@ def open_image(image: str = IMAGE) -> Iterator[OpenImage]:
     """The image's root filesystem, mounted, and its configuration (OCI config)."""
     info = json.loads(_run("buildah", "inspect", "--type", "image", image))
     config = info["OCIv1"]["config"]
-    size = sum(layer.get("size", 0) for layer in info["OCIv1"].get("layers", []) or []) or \
-        int(info.get("ImageSize", 0) or 0)
+    size = _run("buildah", "images", "--format", "{{.Size}}", image)
     container = _run("buildah", "from", image)
     try:
         rootfs = Path(_run("buildah", "mount", container))
@@ -103,7 +102,7 @@ def open_image(image: str = IMAGE) -> Iterator[OpenImage]:
             env=dict(item.split("=", 1) for item in config.get("Env", [])),
             user=str(config.get("User") or "0:0"),
             workdir=str(config.get("WorkingDir") or "/"),
-            size_bytes=size,
+            size=size,
         )
     finally:
         subprocess.run(["buildah", "umount", container], capture_output=True, check=False)

@@ -49,6 +49,9 @@ from tests.deploy.manifests import (
 from tests.support import eventually, run_now, sql
 
 STARTUP_TIMEOUT = 120.0
+# Like the kubelet (restartPolicy Always), a service container that exits is started again
+# in the same pod (same name, same ports); more restarts than this fail the test.
+MAX_RESTARTS = 3
 
 # (argv prefix that stands for the image's ENTRYPOINT, base environment the image gives).
 Launcher = Callable[[Path], tuple[list[str], dict[str, str]]]
@@ -95,9 +98,26 @@ class Pod:
     container: Container
     pod_name: str
     ports: dict[int, int]  # containerPort -> the free port it is mapped to here
-    proc: subprocess.Popen[bytes]
+    argv: list[str]
+    env: dict[str, str]
     log_path: Path
-    out: Any = field(repr=False)
+    proc: subprocess.Popen[bytes] = field(init=False)
+    out: Any = field(init=False, repr=False)
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.out = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv, env=self.env, stdout=self.out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.out.write(f"\n----- exit {self.proc.returncode}: restart {self.restarts} -----\n".encode())
+        self.out.flush()
+        self.proc = self._spawn()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -153,12 +173,8 @@ class Cluster:
         entrypoint, base = self.launcher(self.log_dir)
         # The harness's one addition: the services stop if the test process dies.
         base["CRONSTREAM_PARENT_PID"] = str(os.getpid())
-        log_path = self.log_dir / f"{pod_name}.log"
-        out = open(log_path, "ab")  # noqa: SIM115
-        proc = subprocess.Popen([*entrypoint, *container.argv], env={**base, **env},
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        pod = Pod(container, pod_name, ports, proc, log_path, out)
+        pod = Pod(container, pod_name, ports, [*entrypoint, *container.argv], {**base, **env},
+                  self.log_dir / f"{pod_name}.log")
         self.pods.append(pod)
         return pod
 
@@ -176,7 +192,10 @@ def wait_probe(pod: Pod, kind: str, timeout: float = STARTUP_TIMEOUT) -> None:
 
     def answers() -> bool:
         if pod.proc.poll() is not None:
-            raise AssertionError(f"{pod.pod_name} exited ({pod.proc.returncode}):\n{pod.log()[-3000:]}")
+            if pod.restarts >= MAX_RESTARTS:
+                raise AssertionError(f"{pod.pod_name} exited ({pod.proc.returncode}) after "
+                                     f"{pod.restarts} restarts:\n{pod.log()[-3000:]}")
+            pod.restart()
         status, _ = http_get(port, path)
         return status == 200
 
@@ -254,6 +273,7 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
         for pod in cluster.pods:
             tail = "\n".join(pod.log().splitlines()[-25:])
             print(f"\n----- {pod.pod_name} (exit {codes.get(pod.pod_name)}) -----\n{tail}")
-        print(f"all stopped in {time.monotonic() - started:.1f}s")
+        print(f"all stopped in {time.monotonic() - started:.1f}s; restarts: "
+              f"{ {p.pod_name: p.restarts for p in cluster.pods if p.restarts} or 'none'}")
     not_clean = {name: code for name, code in codes.items() if code != 0}
     assert not not_clean, f"not stopped cleanly within their grace: {not_clean}"

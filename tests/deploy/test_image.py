@@ -37,7 +37,7 @@ def opened() -> Iterator[image.OpenImage]:
     print(f"\nbase image: {why}")
     image.build(base)
     with image.open_image() as opened:
-        print(f"image {image.IMAGE}: {opened.size_bytes / 1e6:.0f} MB, user {opened.user}, "
+        print(f"image {image.IMAGE}: {opened.size}, user {opened.user}, "
               f"entrypoint {opened.entrypoint}")
         yield opened
 
