@@ -24,7 +24,11 @@ _LOCK_KEY = 0x63726F6E  # "cron"
 @lru_cache(maxsize=4)
 def queries(file: str = "queries.sql") -> dict[str, str]:
     """The named blocks of `sql/<file>` (queries.sql: services and CLI; ui.sql: the web UI)."""
-    text = resources.files("cronstream.shared").joinpath(f"sql/{file}").read_text()
+    return named_blocks(resources.files("cronstream.shared").joinpath(f"sql/{file}").read_text())
+
+
+def named_blocks(text: str) -> dict[str, str]:
+    """`-- name: x` blocks of a .sql text, by name."""
     parts = _NAME.split(text)
     # parts: [preamble, name1, body1, name2, body2, ...]
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 from uuid import UUID
 
+import jinja2
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
@@ -61,8 +62,11 @@ class UI:
             settings.ui_token.get_secret_value() if settings.ui_token else None,
             settings.ui_identity_header, settings.ui_protect_reads,
             settings.ui_secret.get_secret_value() if settings.ui_secret else None)
-        self.templates = Jinja2Templates(directory=str(HERE / "templates"), autoescape=True)
-        self.templates.env.filters.update(FILTERS)
+        # Autoescaping everywhere: job names, params, results and errors come from records.
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
+                                 autoescape=True)
+        env.filters.update(FILTERS)
+        self.templates = Jinja2Templates(env=env)
         self.hub = LiveHub(settings.database_url, self.render_live)
 
     async def render_live(self) -> str:
