@@ -71,10 +71,10 @@ class UI:
 
     async def render_live(self) -> str:
         data = await views.runs(self.store)
-        module = self.templates.env.get_template("_runs.html").module
+        rows = self.templates.env.get_template("_runs.html").module.rows  # type: ignore[attr-defined]
         return json.dumps({
             "counts": data["counts"],
-            **{section: str(getattr(module, "rows")(data[section], section))
+            **{section: str(rows(data[section], section))
                for section in ("running", "queued", "awaiting", "recent")},
         })
 
@@ -190,8 +190,8 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
             return ui.error(request, 503, "PostgreSQL is unavailable", str(exc))
         if identity.via == "bearer" or _wants_json(request):
             return JSONResponse({"ok": True, "notice": notice, "by": identity.name})
-        back = _safe_next(form.get("next"), request.headers.get("referer") and
-                          urlsplit(request.headers["referer"]).path or "/")
+        back = _safe_next(form.get("next"), (request.headers.get("referer") and
+                          urlsplit(request.headers["referer"]).path) or "/")
         separator = "&" if "?" in back else "?"
         return RedirectResponse(f"{back}{separator}notice={quote(notice)}", 303)
 

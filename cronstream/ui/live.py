@@ -73,7 +73,7 @@ class LiveHub:
             try:
                 conn = await asyncpg.connect(self.dsn, timeout=5)
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())  # type: ignore[misc]
                 await conn.add_listener(CHANNEL, self._notified)
                 self._listening, backoff = True, 1.0
                 log(logger, "live_listening", channel=CHANNEL)

@@ -4,6 +4,7 @@ truncated text. Registered as Jinja filters; pure functions, unit-tested."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -37,7 +38,7 @@ def local(t: datetime | None, zone: str | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds:  # None or NaN
+    if seconds is None or math.isnan(seconds):
         return "-"
     if seconds < 0:
         seconds = 0.0
@@ -45,7 +46,7 @@ def duration(seconds: float | None) -> str:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes}m {secs:02d}s"
     hours, minutes = divmod(minutes, 60)

@@ -17,6 +17,7 @@ job firing every second costs as much to draw as one firing every hour.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -24,7 +25,7 @@ from typing import Literal
 from cronstream.shared.records import JobDefinition
 from cronstream.shared.schedule import next_fire
 
-__all__ = ["Mark", "Row", "Window", "missed_fires", "project_row", "load"]
+__all__ = ["Mark", "Row", "Window", "load", "missed_fires", "project_row"]
 
 _MS = timedelta(milliseconds=1)
 MAX_MISSED = 1000
@@ -90,11 +91,13 @@ def missed_fires(definition: JobDefinition, last_fire: datetime | None,
         missed.append(t)
         t = next_fire(definition, t)
     policy = definition.misfire_policy
+    late: MarkKind = "late"
+    skipped: MarkKind = "skipped"
     if policy == "FIRE_ALL":
-        return [(t, "late") for t in missed]
+        return [(t, late) for t in missed]
     if policy == "FIRE_ONCE":
-        return [(missed[0], "late")] + [(t, "skipped") for t in missed[1:]]
-    return [(t, "skipped") for t in missed]
+        return [(missed[0], late)] + [(t, skipped) for t in missed[1:]]
+    return [(t, skipped) for t in missed]
 
 
 def _projected(definition: JobDefinition, after: datetime, window: Window,
@@ -120,7 +123,7 @@ def _min_gap(definition: JobDefinition, now: datetime) -> timedelta | None:
         t = next_fire(definition, t)
         if t is not None:
             fires.append(t)
-    gaps = [b - a for a, b in zip(fires, fires[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(fires)]
     return min(gaps) if gaps else None
 
 

@@ -19,7 +19,7 @@ from cronstream.shared.records import TERMINAL_STATUSES, ExecutionStatus, JobDef
 from cronstream.shared.schedule import upcoming
 from cronstream.ui import graph
 from cronstream.ui.store import Store
-from cronstream.ui.timeline import Mark, Row, Window, load, project_row
+from cronstream.ui.timeline import Mark, MarkKind, Row, Window, load, project_row
 
 PAGE_SIZE = 50
 STATUS_SCAN = 2000      # jobs probed per page when filtering by last status
@@ -270,7 +270,7 @@ def _past_marks(rows: list[Any], window: Window) -> dict[str, list[Mark]]:
         bucket = r["bucket"] - 1  # width_bucket counts from 1
         if not 0 <= bucket < window.buckets:
             continue
-        kind = "active" if r["active"] else "failed" if r["failed"] else "ok"
+        kind: MarkKind = "active" if r["active"] else "failed" if r["failed"] else "ok"
         first = min(bucket, window.bucket(r["first_start"]))
         last = max(bucket, window.bucket(r["last_end"]))
         marks.setdefault(r["job_id"], []).append(Mark(first, last, kind, r["first_start"], r["n"]))

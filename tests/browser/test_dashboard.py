@@ -101,7 +101,7 @@ def dependent(job_id: str, depends_on: list[str], **fields: Any) -> dict[str, An
             "params": {"step": job_id}, **fields}
 
 
-def test_dag_run_picture_approve_and_reject_and_payloads_render_as_text(
+def test_dag_run_picture_approve_and_reject_and_payloads_render_as_text(  # noqa: PLR0915
     processes: Processes, topics: Settings, dashboard: Dashboard, page: Page,
     shoot: Callable[[Page, str], None],
 ) -> None:
