@@ -78,7 +78,7 @@ class Auth:
         return bool(_NAME.match(name))
 
     def session_value(self, name: str, now: float | None = None) -> str:
-        expires = str(int((now or time.time()) + SESSION_SECONDS))
+        expires = str(int((time.time() if now is None else now) + SESSION_SECONDS))
         encoded = base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
         return f"{encoded}.{expires}.{self._sign('session', encoded, expires)}"
 
@@ -87,7 +87,7 @@ class Auth:
             encoded, expires, signature = value.split(".")
             if not hmac.compare_digest(signature, self._sign("session", encoded, expires)):
                 return None
-            if int(expires) < (now or time.time()):
+            if int(expires) < (time.time() if now is None else now):
                 return None
             name = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
         except (ValueError, UnicodeDecodeError):
