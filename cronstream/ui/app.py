@@ -296,6 +296,10 @@ async def home(request: Request) -> Response:
     return RedirectResponse("/jobs", 303)
 
 
+async def favicon(request: Request) -> Response:
+    return Response(status_code=204)
+
+
 # -- login ------------------------------------------------------------------------------
 
 async def login_page(request: Request) -> Response:
@@ -476,6 +480,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
 
     routes = [
         Route("/", home),
+        Route("/favicon.ico", favicon),
         Route("/jobs", jobs_page),
         Route("/jobs/{job_id}", job_page),
         Route("/jobs/{job_id}/trigger", trigger, methods=["POST"]),

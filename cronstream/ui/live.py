@@ -34,7 +34,8 @@ class LiveHub:
         self.render = render
         self.min_interval = min_interval
         self.fallback_interval = fallback_interval
-        self.renders = 0  # how many times the view was re-read (tests and metrics)
+        self.renders = 0        # times the view was re-read for the watchers
+        self.notifications = 0  # changes PostgreSQL announced
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._dirty = asyncio.Event()
         self._closing = asyncio.Event()
@@ -63,6 +64,7 @@ class LiveHub:
         return self._closing.is_set()
 
     def _notified(self, *_: Any) -> None:
+        self.notifications += 1
         self._dirty.set()
 
     async def _listen(self) -> None:

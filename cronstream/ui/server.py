@@ -69,6 +69,8 @@ def _listen(bind: str, port: int) -> socket.socket:
 
 def serve(settings: Settings) -> int:
     logs.configure(SERVICE, settings.log_level)
+    # uvicorn's start/stop chatter duplicates our action= lines; its errors still show.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     log(logger, "service_starting", service=SERVICE, settings=settings.redacted())
     metrics.announce(SERVICE)
     port = settings.port_for(SERVICE)
