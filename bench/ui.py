@@ -66,6 +66,7 @@ def run() -> dict[str, Any]:
     try:
         print(f"seeding {jobs:,} jobs and {executions:,} executions", flush=True)
         seeded = asyncio.run(_seed(system.settings.database_url, jobs, executions))
+        (system.log_dir / "ui.log").unlink(missing_ok=True)  # its port is read from the log
         ui = system.start("ui", name="ui")
         ui.wait_for_log("action=live_listening")
         base = f"http://127.0.0.1:{ui.http_port()}"

@@ -77,12 +77,12 @@ class Settings(BaseModel):
     log_level: str = "INFO"
     # `cronstream ui` (docs/decisions/0040): actions need the token (bearer or login
     # session) or an identity header set by a trusted proxy; reads are open unless
-    # ui_protect_reads. ui_secret signs sessions and CSRF tokens (shared by replicas).
+    # ui_protect_reads. ui_session_key signs sessions and CSRF tokens (shared by replicas).
     ui_bind: str = "127.0.0.1"
     ui_token: SecretStr | None = None
     ui_identity_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")] | None = None
     ui_protect_reads: bool = False
-    ui_secret: SecretStr | None = None
+    ui_session_key: SecretStr | None = None
 
     @field_validator("log_level")
     @classmethod
@@ -142,7 +142,7 @@ class Settings(BaseModel):
         """The settings as a dict that is safe to log."""
         data = self.model_dump()
         data["database_url"] = redact_url(self.database_url)
-        for secret in ("ui_token", "ui_secret"):
+        for secret in ("ui_token", "ui_session_key"):
             data[secret] = None if data[secret] is None else "***"
         data["kafka_config"] = {
             k: ("***" if any(w in k for w in _SECRET_WORDS) else v)

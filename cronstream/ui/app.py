@@ -61,7 +61,7 @@ class UI:
         self.auth = Auth(
             settings.ui_token.get_secret_value() if settings.ui_token else None,
             settings.ui_identity_header, settings.ui_protect_reads,
-            settings.ui_secret.get_secret_value() if settings.ui_secret else None)
+            settings.ui_session_key.get_secret_value() if settings.ui_session_key else None)
         # Autoescaping everywhere: job names, params, results and errors come from records.
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                  autoescape=True)
