@@ -113,6 +113,12 @@ def test_dag_run_picture_approve_and_reject_and_payloads_render_as_text(  # noqa
     define(topics, "report", **dependent("report", ["load", "big-only"], trigger_rule="ALL_DONE"))
     define(topics, "evil", name=EVIL_NAME, type="CRON", schedule=YEARLY, handler="fail",
            params={"message": EVIL_ERROR, "html": EVIL_PARAM})
+    # Scheduled jobs for the Timeline (noop, at most one fire during the test).
+    define(topics, "hourly-sync", type="CRON", schedule="15 * * * *", timezone="Europe/Berlin",
+           handler="noop")
+    define(topics, "nightly-backup", type="CRON", schedule="0 2 * * *", handler="noop")
+    define(topics, "poll-feeds", type="INTERVAL", interval_seconds=1200, handler="noop",
+           concurrency_policy="FORBID")
     eventually(lambda: len(db(topics.database_url, "SELECT 1 FROM job_dependencies")) == 5, 30,
                message="the DAG is projected")
     projected(topics, "extract", "evil")
