@@ -214,19 +214,24 @@ class Client:
                 continue
         return found
 
-    def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
+    def set_enabled(self, job_id: str, enabled: bool, by: str | None = None) -> JobDefinition:
+        """Publish the current definition with `enabled` changed; `by` (who acts, e.g. the
+        dashboard's user) becomes its `created_by`."""
         current = self.get(job_id)
         if current is None:
             raise DefinitionError(f"no job {job_id!r}")
-        updated = current.model_copy(update={"enabled": enabled})
+        changes: dict[str, Any] = {"enabled": enabled}
+        if by is not None:
+            changes["created_by"] = by
+        updated = current.model_copy(update=changes)
         self.apply([updated])
         return updated
 
-    def pause(self, job_id: str) -> JobDefinition:
-        return self.set_enabled(job_id, False)
+    def pause(self, job_id: str, by: str | None = None) -> JobDefinition:
+        return self.set_enabled(job_id, False, by)
 
-    def resume(self, job_id: str) -> JobDefinition:
-        return self.set_enabled(job_id, True)
+    def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
+        return self.set_enabled(job_id, True, by)
 
     # -- executions -----------------------------------------------------------------
 
