@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test test-unit test-integration test-e2e bench lint schemas infra-up infra-down clean
+.PHONY: help install chromium dev test test-unit test-integration test-e2e test-image bench lint schemas infra-up infra-down clean ui-screenshots
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -14,10 +14,17 @@ help: ## List the targets
 $(BIN)/cronstream: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,lint]'
+	$(BIN)/pip install --quiet -e '.[test,lint,deploy]'
 	@touch $@
 
 install: $(BIN)/cronstream ## Create the virtualenv and install cronstream with its test tools
+
+# The browser tests drive Debian's Chromium (Playwright's own browser download does not
+# work everywhere); installed once, a no-op when present.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium: ## Install Debian's Chromium for the browser tests (once)
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the browser tests"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 dev: install ## Run everything: Kafka, PostgreSQL, all services, the examples and a live view
 	$(BIN)/cronstream dev
@@ -28,19 +35,29 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install ## The whole suite (unit, integration, e2e) against real Kafka and PostgreSQL
+test: install chromium ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
-	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e -q || status=$$?; fi; \
+	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q || status=$$?; fi; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); \
 	exit $$status
 
 test-unit: install ## Unit tests only (no servers)
 	$(BIN)/pytest tests/unit -q
 
-test-integration: install ## Integration and e2e tests (servers must be up: make infra-up)
-	$(BIN)/pytest tests/integration tests/e2e -q
+test-integration: install chromium ## Integration, e2e, deploy and browser tests (servers must be up: make infra-up)
+	$(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q
+
+test-image: install ## Build the container image with buildah and run the end-to-end test from it (root)
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap)
+	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
+	@status=0; CRONSTREAM_TEST_IMAGE=1 $(BIN)/pytest tests/deploy/test_image.py -q -s || status=$$?; \
+	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
+
+ui-screenshots: install chromium ## Refresh the dashboard screenshots in docs/ui/ (servers must be up)
+	CRONSTREAM_UI_SCREENSHOTS=1 $(BIN)/pytest tests/browser -q
 
 bench: install ## Benchmarks (figures printed and written to bench/results/)
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)

@@ -184,19 +184,24 @@ class AsyncClient:
             raise NotFoundError(f"no job {job_id!r}")
         return found
 
-    async def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
+    async def set_enabled(self, job_id: str, enabled: bool, by: str | None = None) -> JobDefinition:
+        """Publish the current definition with `enabled` changed; `by` (who acts, e.g. the
+        dashboard's user) becomes its `created_by`."""
         current = await self._require(job_id)
         # Re-published as read, fields of a newer version included.
-        updated = current.model_copy(update={"enabled": enabled})
+        changes: dict[str, Any] = {"enabled": enabled}
+        if by is not None:
+            changes["created_by"] = by
+        updated = current.model_copy(update=changes)
         await self._publish_definitions([updated])
         return updated
 
-    async def pause(self, job_id: str) -> JobDefinition:
+    async def pause(self, job_id: str, by: str | None = None) -> JobDefinition:
         """Stop firing `job_id` until `resume` (fires meanwhile are skipped)."""
-        return await self.set_enabled(job_id, False)
+        return await self.set_enabled(job_id, False, by)
 
-    async def resume(self, job_id: str) -> JobDefinition:
-        return await self.set_enabled(job_id, True)
+    async def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
+        return await self.set_enabled(job_id, True, by)
 
     # -- executions -----------------------------------------------------------------
 
@@ -408,14 +413,14 @@ class Client:
     def get(self, job_id: str) -> JobDefinition | None:
         return self._run(self._async.get(job_id))
 
-    def set_enabled(self, job_id: str, enabled: bool) -> JobDefinition:
-        return self._run(self._async.set_enabled(job_id, enabled))
+    def set_enabled(self, job_id: str, enabled: bool, by: str | None = None) -> JobDefinition:
+        return self._run(self._async.set_enabled(job_id, enabled, by))
 
-    def pause(self, job_id: str) -> JobDefinition:
-        return self._run(self._async.pause(job_id))
+    def pause(self, job_id: str, by: str | None = None) -> JobDefinition:
+        return self._run(self._async.pause(job_id, by))
 
-    def resume(self, job_id: str) -> JobDefinition:
-        return self._run(self._async.resume(job_id))
+    def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
+        return self._run(self._async.resume(job_id, by))
 
     def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
         return self._run(self._async.trigger(job_id, at))

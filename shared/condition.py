@@ -69,6 +69,24 @@ class Condition:
         """`upstream[job_id]` holds that job's `status` and `result` in the run."""
         return _truthy(_eval(self.tree, upstream))
 
+    def operands(self, upstream: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, Any]]:
+        """Each path the condition reads and its value in `upstream` (to show why it held)."""
+        found: list[tuple[str, Any]] = []
+
+        def walk(node: Node) -> None:
+            if node[0] == "path":
+                path: Path = node[1]
+                text = ".".join([path.job_id, path.field, *(str(k) for k in path.keys)])
+                if all(text != seen for seen, _ in found):
+                    found.append((text, _eval(node, upstream)))
+            elif node[0] != "lit":
+                for child in node[1:]:
+                    if isinstance(child, tuple):
+                        walk(child)
+
+        walk(self.tree)
+        return found
+
 
 def _tokens(text: str) -> list[tuple[str, str, int]]:
     out: list[tuple[str, str, int]] = []

@@ -44,7 +44,7 @@ class Service(Protocol):
     async def run(self, stopping: asyncio.Event) -> None: ...
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """With CRONSTREAM_PARENT_PID set (by `cronstream dev`), get SIGTERM when that parent
     dies, even by SIGKILL, so no service outlives the command that started it (Linux)."""
     parent = os.environ.get("CRONSTREAM_PARENT_PID")
@@ -137,7 +137,7 @@ async def _main(service: Service) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    _die_with_parent()
+    die_with_parent()
     ticker = asyncio.create_task(_tick(service.health))
     try:
         await service.run(stopping)

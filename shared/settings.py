@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from cronstream.shared.records import QueueName
 from cronstream.shared.topics import Topics
@@ -78,6 +78,14 @@ class Settings(BaseModel):
     kafka_config: dict[str, str] = Field(default_factory=dict)
     log_level: str = "INFO"
     log_format: Literal["logfmt", "json"] = "logfmt"
+    # `cronstream ui` (docs/decisions/0040): actions need the token (bearer or login
+    # session) or an identity header set by a trusted proxy; reads are open unless
+    # ui_protect_reads. ui_session_key signs sessions and CSRF tokens (shared by replicas).
+    ui_bind: str = "127.0.0.1"
+    ui_token: SecretStr | None = None
+    ui_identity_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")] | None = None
+    ui_protect_reads: bool = False
+    ui_session_key: SecretStr | None = None
 
     @field_validator("log_level")
     @classmethod
@@ -137,6 +145,8 @@ class Settings(BaseModel):
         """The settings as a dict that is safe to log."""
         data = self.model_dump()
         data["database_url"] = redact_url(self.database_url)
+        for secret in ("ui_token", "ui_session_key"):
+            data[secret] = None if data[secret] is None else "***"
         data["kafka_config"] = {
             k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
             for k, v in self.kafka_config.items()

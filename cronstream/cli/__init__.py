@@ -15,6 +15,7 @@ from cronstream.cli import (
     inspect_cmds,
     job_cmds,
     service_cmds,
+    ui_cmd,
     view_cmds,
 )
 from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_closed
@@ -71,7 +72,8 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
     ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None}, timeout)
 
 
-for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd):
+for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd,
+               ui_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -75,6 +75,8 @@ def _start_services(procs: dict[str, subprocess.Popen[bytes]], folder: Path, env
             args += ["--import", module]
         procs[f"worker-{i}"] = _spawn(args, env, log_dir, f"worker-{i}")
         ports[f"worker-{i}"] = port
+    procs["ui"] = _spawn(["ui"], env, log_dir, "ui")  # the web dashboard, on loopback
+    ports["ui"] = SERVICE_PORTS["ui"]
     return ports
 
 
@@ -106,6 +108,8 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
             client.apply(definitions)
         click.echo(f"applied {len(definitions)} example job(s) from {folder}; "
                    f"service logs in {log_dir}/; Ctrl-C stops everything")
+        click.echo(f"dashboard: http://127.0.0.1:{ports['ui']}/ (cronstream ui; read-only "
+                   "unless CRONSTREAM_UI_TOKEN is set)")
         click.echo("metrics and probes: " + ", ".join(
             f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()))
         if no_view:

@@ -1,0 +1,264 @@
+"""What every rendered cronstream manifest must satisfy; each check returns its problems.
+
+Kept apart from the tests so that the tests can also feed each check a broken copy of a
+manifest and see it complain (a check that cannot fail proves nothing).
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from cronstream.shared.settings import SERVICE_PORTS, Settings
+from tests.deploy.manifests import (
+    LONG_RUNNING_KINDS,
+    Container,
+    Workload,
+    find,
+    is_kafka_passthrough,
+    kafka_config_error,
+    known_env_names,
+    selects,
+    workloads,
+)
+
+# The worker needs this much time after its drain grace to re-queue what still runs and
+# close its Kafka clients before Kubernetes' SIGKILL (issue 12).
+SHUTDOWN_MARGIN_SECONDS = 15
+# Variables a cronstream container may set that are not cronstream's own.
+FOREIGN_ENV_PREFIXES = ("OTEL_",)
+# Containers that are not cronstream's and need a writable root filesystem (dev only):
+# the Kafka image writes its generated server.properties under /opt/kafka, the
+# PostgreSQL image its socket and lock files.
+WRITABLE_ROOT = {"StatefulSet/kafka/kafka", "StatefulSet/postgres/postgres"}
+# A PEM bundle standing in for a mounted CA file when librdkafka checks a configuration.
+STAND_IN_CA = ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt"
+# Services whose Kafka transactional.id is named after the instance, and the variable that
+# names it (shared/settings.py; docs/decisions/0030): they must be StatefulSets named by
+# their pod, so that a replacement fences its predecessor and no two pods share a name.
+STABLE_IDENTITY = {"dispatcher": "CRONSTREAM_INSTANCE_ID", "worker": "CRONSTREAM_WORKER_ID"}
+INSTANCE_NAMED = {"scheduler": "CRONSTREAM_INSTANCE_ID", "monitor": "CRONSTREAM_INSTANCE_ID"}
+
+
+def _pod_security(container: Container) -> list[str]:
+    """Pod Security Standards, `restricted` profile, plus a read-only root filesystem."""
+    problems = []
+    pod_ctx = container.workload.pod.get("securityContext", {})
+    ctx = container.spec.get("securityContext", {})
+
+    def effective(key: str) -> Any:
+        return ctx.get(key, pod_ctx.get(key))
+
+    if effective("runAsNonRoot") is not True:
+        problems.append(f"{container}: runAsNonRoot is not true")
+    if effective("runAsUser") == 0:
+        problems.append(f"{container}: runAsUser is 0 (root)")
+    if ctx.get("allowPrivilegeEscalation") is not False:
+        problems.append(f"{container}: allowPrivilegeEscalation is not false")
+    if "ALL" not in ctx.get("capabilities", {}).get("drop", []):
+        problems.append(f"{container}: capabilities do not drop ALL")
+    if ctx.get("capabilities", {}).get("add"):
+        problems.append(f"{container}: adds capabilities")
+    if ctx.get("privileged"):
+        problems.append(f"{container}: privileged")
+    seccomp = (ctx.get("seccompProfile") or pod_ctx.get("seccompProfile") or {}).get("type")
+    if seccomp not in ("RuntimeDefault", "Localhost"):
+        problems.append(f"{container}: seccompProfile is {seccomp!r}, not RuntimeDefault")
+    if ctx.get("readOnlyRootFilesystem") is not True and str(container) not in WRITABLE_ROOT:
+        problems.append(f"{container}: readOnlyRootFilesystem is not true")
+    return problems
+
+
+def _resources(container: Container) -> list[str]:
+    resources = container.spec.get("resources", {})
+    return [f"{container}: no {kind}.{what}"
+            for kind in ("requests", "limits") for what in ("cpu", "memory")
+            if what not in resources.get(kind, {})]
+
+
+def _probes(container: Container) -> list[str]:
+    """Long-running containers are probed; cronstream's on /healthz (liveness, startup) and
+    /readyz (readiness), on the port the container serves them on (CRONSTREAM_HTTP_PORT)."""
+    if container.workload.kind not in LONG_RUNNING_KINDS or \
+            container.spec in container.workload.pod.get("initContainers", []):
+        return []
+    probes = container.probes()
+    problems = [f"{container}: no {kind}" for kind in ("livenessProbe", "readinessProbe")
+                if kind not in probes]
+    if not container.is_cronstream:
+        return problems
+    expected = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    env = container.env(lambda _name, _key: "", container.workload.pod_name())
+    service = container.argv[0] if container.argv else "?"
+    serving = int(env.get("CRONSTREAM_HTTP_PORT", SERVICE_PORTS.get(service, -1)))
+    for kind, probe in probes.items():
+        http = probe.get("httpGet")
+        if http is None:
+            problems.append(f"{container}: {kind} is not an httpGet probe")
+            continue
+        if http.get("path") != expected[kind]:
+            problems.append(f"{container}: {kind} path {http.get('path')!r}, expected {expected[kind]!r}")
+        port = container.port_number(http["port"])
+        if port != serving:
+            problems.append(f"{container}: {kind} port {port} but the service listens on {serving}")
+    return problems
+
+
+def _env(container: Container) -> list[str]:
+    """Every variable is one `cronstream <command>` reads; pass-through ones are real
+    librdkafka properties (with values librdkafka accepts)."""
+    if not container.is_cronstream:
+        return []
+    known = known_env_names(container.argv)
+    problems = []
+    env = container.env(lambda _name, _key: "placeholder", container.workload.pod_name())
+    passthrough = {}
+    for name, source in sorted(container.env_names().items()):
+        if name in known or name.startswith(FOREIGN_ENV_PREFIXES):
+            continue
+        if is_kafka_passthrough(name):
+            passthrough[name] = env.get(name, "")
+            continue
+        problems.append(f"{container}: sets {name} (from {source}), which "
+                        f"`cronstream {' '.join(container.argv)}` does not read")
+    if passthrough.get("CRONSTREAM_KAFKA_SSL_CA_LOCATION"):
+        # The CA comes from a mounted Secret (_ca_mounted checks the mount): librdkafka
+        # loads it when the client is built, so give it a real PEM bundle in its place.
+        passthrough["CRONSTREAM_KAFKA_SSL_CA_LOCATION"] = STAND_IN_CA
+    error = kafka_config_error(passthrough)
+    if error:
+        problems.append(f"{container}: {error} (from {', '.join(sorted(passthrough))})")
+    return problems
+
+
+def _service_links(container: Container) -> list[str]:
+    # Service links inject <SERVICE>_PORT=tcp://... for every Service in the namespace; a
+    # Service named cronstream-kafka would set CRONSTREAM_KAFKA_PORT, read as librdkafka
+    # property `port` (docs/decisions/0030).
+    if container.is_cronstream and container.workload.pod.get("enableServiceLinks") is not False:
+        return [f"{container}: enableServiceLinks is not false"]
+    return []
+
+
+def _drain_grace(container: Container) -> list[str]:
+    if not container.is_cronstream or not container.argv or container.argv[0] != "worker":
+        return []
+    env = container.env(lambda _name, _key: "", container.workload.pod_name())
+    drain = float(env.get("CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS",
+                          Settings.model_fields["worker_drain_grace_seconds"].default))
+    grace = container.workload.pod.get("terminationGracePeriodSeconds", 30)
+    if grace < drain + SHUTDOWN_MARGIN_SECONDS:
+        return [f"{container}: terminationGracePeriodSeconds {grace} < drain grace {drain:g} "
+                f"+ {SHUTDOWN_MARGIN_SECONDS} s"]
+    return []
+
+
+def _identity(container: Container) -> list[str]:
+    if not container.is_cronstream or not container.argv:
+        return []
+    service = container.argv[0]
+    variable = STABLE_IDENTITY.get(service) or INSTANCE_NAMED.get(service)
+    if variable is None:
+        return []
+    problems = []
+    if service in STABLE_IDENTITY and container.workload.kind != "StatefulSet":
+        problems.append(f"{container}: {service} names its transactional.id after its instance "
+                        f"and must be a StatefulSet, not a {container.workload.kind}")
+    source = next((e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                   for e in container.spec.get("env", []) if e["name"] == variable), None)
+    if source != "metadata.name":
+        problems.append(f"{container}: {variable} does not come from the pod name (metadata.name)")
+    return problems
+
+
+def _ca_mounted(container: Container) -> list[str]:
+    """A CA file librdkafka is told to load must be in a volume mounted in the container."""
+    if not container.is_cronstream:
+        return []
+    env = container.env(lambda _name, _key: "", container.workload.pod_name())
+    problems = []
+    for name in ("CRONSTREAM_KAFKA_SSL_CA_LOCATION", "CRONSTREAM_KAFKA_SSL_CERTIFICATE_LOCATION",
+                 "CRONSTREAM_KAFKA_SSL_KEY_LOCATION"):
+        path = env.get(name)
+        if not path:
+            continue
+        mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.spec.get("volumeMounts", [])}
+        mount = next((m for m in mounts if path.startswith(m + "/")), None)
+        if mount is None:
+            problems.append(f"{container}: {name}={path} is in no mounted volume")
+            continue
+        volume = next(v for v in container.workload.pod.get("volumes", []) if v["name"] == mounts[mount])
+        items = volume.get("secret", volume.get("configMap", {})).get("items")
+        if items is not None and path[len(mount) + 1:] not in {i["path"] for i in items}:
+            problems.append(f"{container}: {name}={path}: volume {volume['name']} has no such file")
+    return problems
+
+
+CONTAINER_CHECKS = (_pod_security, _resources, _probes, _env, _service_links, _drain_grace,
+                    _identity, _ca_mounted)
+
+
+def _references(objects: list[dict[str, Any]]) -> list[str]:
+    """Selectors select something; scale targets and ConfigMaps exist."""
+    problems = []
+    pods = [w.pod_labels for w in workloads(objects)]
+    for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor"):
+        for obj in find(objects, kind):
+            spec = obj["spec"]
+            selector = spec.get("selector", {}) if kind == "Service" else \
+                spec.get("podSelector", spec.get("selector", {})).get("matchLabels", {})
+            if not any(selects(selector, labels) for labels in pods):
+                problems.append(f"{kind}/{obj['metadata']['name']}: selector {selector} selects no pod")
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for kind, path in (("HorizontalPodAutoscaler", "scaleTargetRef"), ("ScaledObject", "scaleTargetRef")):
+        for obj in find(objects, kind):
+            ref = obj["spec"][path]
+            if (ref.get("kind", "Deployment"), ref["name"]) not in names:
+                problems.append(f"{kind}/{obj['metadata']['name']}: scale target "
+                                f"{ref.get('kind')}/{ref['name']} is not rendered")
+    for workload in workloads(objects):
+        for container in workload.containers():
+            for source in container.spec.get("envFrom", []):
+                ref = source.get("configMapRef", {}).get("name")
+                if ref and workload.config_map(ref) is None and not source["configMapRef"].get("optional"):
+                    problems.append(f"{container}: ConfigMap {ref} is not rendered")
+    return problems
+
+
+def _keda_matches_settings(objects: list[dict[str, Any]]) -> list[str]:
+    """The lag trigger watches the brokers and the group the workers really use."""
+    problems = []
+    config = {k: v for cm in find(objects, "ConfigMap", None) for k, v in cm.get("data", {}).items()
+              if k.startswith("CRONSTREAM_")}
+    for obj in find(objects, "ScaledObject"):
+        partitions = int(config.get("CRONSTREAM_TOPIC_PARTITIONS",
+                                    Settings.model_fields["topic_partitions"].default))
+        prefix = config.get("CRONSTREAM_TOPIC_PREFIX", Settings.model_fields["topic_prefix"].default)
+        if obj["spec"].get("maxReplicaCount", 100) > partitions:
+            problems.append(f"ScaledObject/{obj['metadata']['name']}: maxReplicaCount above the "
+                            f"{partitions} partitions of the work topics (idle workers)")
+        for trigger in obj["spec"]["triggers"]:
+            if trigger["type"] != "kafka":
+                continue
+            meta = trigger["metadata"]
+            if meta.get("bootstrapServers") != config.get("CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS"):
+                problems.append(f"ScaledObject/{obj['metadata']['name']}: bootstrapServers "
+                                f"{meta.get('bootstrapServers')!r} differs from the services'")
+            if meta.get("consumerGroup") != f"{prefix}workers":
+                problems.append(f"ScaledObject/{obj['metadata']['name']}: consumerGroup "
+                                f"{meta.get('consumerGroup')!r}, the workers' group is {prefix}workers")
+    return problems
+
+
+def problems(objects: list[dict[str, Any]]) -> list[str]:
+    found: list[str] = []
+    for workload in workloads(objects):
+        for container in workload.containers():
+            for check in CONTAINER_CHECKS:
+                found.extend(check(container))
+    found.extend(_references(objects))
+    found.extend(_keda_matches_settings(objects))
+    return found
+
+
+__all__ = ["Workload", "problems"]

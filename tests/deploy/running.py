@@ -1,0 +1,279 @@
+"""Run rendered workloads as local processes, the way their pods would start them.
+
+For each workload the container's command and args (after the image's ENTRYPOINT) run
+with the environment the pod would get: the rendered ConfigMap, `env` values, Secret
+values and the pod name from the downward API. A `Launcher` says how a command starts:
+from this checkout's virtualenv (`local_launcher`), or from the built image's root
+filesystem (tests/deploy/test_image.py).
+
+The only changes, each to a value and never to a name, path or command:
+- ConfigMap values that point at the cluster's Kafka (bootstrap servers, SASL_SSL, a
+  replication factor of 3) point at the test's single plaintext broker, and the topic
+  prefix is the test's own;
+- the Secrets (not in the manifests) hold the test's database URL and dummy credentials;
+- each container port is mapped to a free port on this host (two pods may both listen on
+  9183 in a cluster, not here): the port value in the container's env is replaced by the
+  mapped one, and the probes go to the mapped port of the port they name.
+So a wrong command, env name, port or probe path in a manifest fails `run_prod_end_to_end`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cronstream.shared.settings import Settings
+from tests.deploy.manifests import (
+    LONG_RUNNING_KINDS,
+    ROOT,
+    VARIANTS,
+    Container,
+    Workload,
+    find,
+    render,
+    workloads,
+)
+from tests.support import eventually, run_now, sql
+
+STARTUP_TIMEOUT = 120.0
+# Like the kubelet (restartPolicy Always), a service container that exits is started again
+# in the same pod (same name, same ports); more restarts than this fail the test.
+MAX_RESTARTS = 3
+
+# (argv prefix that stands for the image's ENTRYPOINT, base environment the image gives).
+Launcher = Callable[[Path], tuple[list[str], dict[str, str]]]
+
+
+def dockerfile_entrypoint() -> list[str]:
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("ENTRYPOINT "):
+            return list(json.loads(line[len("ENTRYPOINT "):]))
+    raise AssertionError("the Dockerfile has no ENTRYPOINT")
+
+
+def local_launcher(tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """The Dockerfile's ENTRYPOINT as this virtualenv's console script of the same name."""
+    argv = dockerfile_entrypoint()
+    local = Path(sys.executable).parent / argv[0]
+    assert local.exists(), f"ENTRYPOINT {argv[0]} is not installed beside {sys.executable}"
+    return [str(local), *argv[1:]], {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "TMPDIR": str(tmp),
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+@dataclass
+class Pod:
+    """One container of a workload, run as a local process."""
+
+    container: Container
+    pod_name: str
+    ports: dict[int, int]  # containerPort -> the free port it is mapped to here
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] = field(init=False)
+    out: Any = field(init=False, repr=False)
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.out = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv, env=self.env, stdout=self.out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.out.write(f"\n----- exit {self.proc.returncode}: restart {self.restarts} -----\n".encode())
+        self.out.flush()
+        self.proc = self._spawn()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def probe_port(self, probe: dict[str, Any]) -> int:
+        return self.ports[self.container.port_number(probe["httpGet"]["port"])]
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM, as the kubelet does; None if it is still running after `timeout`."""
+        code: int | None = None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        else:
+            code = self.proc.returncode
+        self.out.close()
+        return code
+
+
+class Cluster:
+    """The rendered objects, with the test's substitutions, and the processes started."""
+
+    def __init__(self, objects: list[dict[str, Any]], config: dict[str, str],
+                 secrets: dict[tuple[str, str], str], log_dir: Path, launcher: Launcher) -> None:
+        self.objects = objects
+        self.secrets = secrets
+        self.log_dir = log_dir
+        self.launcher = launcher
+        self.pods: list[Pod] = []
+        (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"
+                         and o["metadata"]["name"].startswith("cronstream-config")]
+        for key, value in config.items():
+            assert key in config_map["data"], f"the ConfigMap does not set {key}"
+            config_map["data"][key] = value
+
+    def secret(self, name: str, key: str) -> str:
+        assert (name, key) in self.secrets, f"unexpected Secret reference {name}/{key}"
+        return self.secrets[(name, key)]
+
+    def start(self, workload: Workload, index: int = 0) -> Pod:
+        (container,) = workload.containers(init=False)
+        pod_name = workload.pod_name(index)
+        ports = {port: free_port() for port in container.ports().values()}
+        env = container.env(self.secret, pod_name)
+        if "CRONSTREAM_HTTP_PORT" in env and int(env["CRONSTREAM_HTTP_PORT"]) in ports:
+            env["CRONSTREAM_HTTP_PORT"] = str(ports[int(env["CRONSTREAM_HTTP_PORT"])])
+        entrypoint, base = self.launcher(self.log_dir)
+        # The harness's one addition: the services stop if the test process dies.
+        base["CRONSTREAM_PARENT_PID"] = str(os.getpid())
+        pod = Pod(container, pod_name, ports, [*entrypoint, *container.argv], {**base, **env},
+                  self.log_dir / f"{pod_name}.log")
+        self.pods.append(pod)
+        return pod
+
+    def stop_all(self) -> dict[str, int | None]:
+        codes = {}
+        for pod in reversed(self.pods):
+            grace = pod.container.workload.pod.get("terminationGracePeriodSeconds", 30)
+            codes[pod.pod_name] = pod.stop(grace)
+        return codes
+
+
+def wait_probe(pod: Pod, kind: str, timeout: float = STARTUP_TIMEOUT) -> None:
+    probe = pod.container.probes()[kind]
+    path, port = probe["httpGet"]["path"], pod.probe_port(probe)
+
+    def answers() -> bool:
+        if pod.proc.poll() is not None:
+            if pod.restarts >= MAX_RESTARTS:
+                raise AssertionError(f"{pod.pod_name} exited ({pod.proc.returncode}) after "
+                                     f"{pod.restarts} restarts:\n{pod.log()[-3000:]}")
+            pod.restart()
+        status, _ = http_get(port, path)
+        return status == 200
+
+    eventually(answers, timeout, 0.5, message=f"{pod.pod_name} {kind} {path} on :{port}")
+
+
+def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher: Launcher) -> None:
+    """Init, then every service ready on its own probes, /metrics where its Service points,
+    a ONE_TIME job COMPLETED in PostgreSQL on the worker named after its pod, and every
+    service stopped by SIGTERM with exit code 0 within its terminationGracePeriodSeconds."""
+    prefix = f"k8s{uuid.uuid4().hex[:10]}."
+    cluster = Cluster(
+        render(*VARIANTS["prod"]),
+        config={
+            "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS": kafka,
+            "CRONSTREAM_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
+            "CRONSTREAM_TOPIC_PREFIX": prefix,
+            "CRONSTREAM_TOPIC_REPLICATION_FACTOR": "1",
+            "CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS": "1",
+        },
+        secrets={
+            ("cronstream-database", "url"): database_url,
+            ("cronstream-kafka", "username"): "cronstream",
+            ("cronstream-kafka", "password"): "unused-over-plaintext",
+        },
+        log_dir=tmp_path,
+        launcher=launcher,
+    )
+    all_workloads = workloads(cluster.objects)
+    jobs = [w for w in all_workloads if w.kind == "Job"]
+    services = [w for w in all_workloads if w.kind in LONG_RUNNING_KINDS]
+    assert jobs and len(services) == 4, [str(w) for w in all_workloads]
+    codes: dict[str, int | None] = {}
+    try:
+        for job in jobs:
+            pod = cluster.start(job)
+            deadline = min(job.obj["spec"].get("activeDeadlineSeconds", 120), 120)
+            code = pod.proc.wait(deadline)
+            assert code == 0, f"{job} failed ({code}):\n{pod.log()[-3000:]}"
+        tables = sql(database_url, "SELECT count(*) AS n FROM information_schema.tables "
+                                   "WHERE table_name = 'job_executions'")
+        assert tables[0]["n"] == 1, "init did not apply the migrations"
+
+        pods = {w.name: cluster.start(w) for w in services}
+        for pod in pods.values():
+            probes = pod.container.probes()
+            wait_probe(pod, "startupProbe" if "startupProbe" in probes else "livenessProbe")
+            wait_probe(pod, "livenessProbe")
+        for pod in pods.values():
+            wait_probe(pod, "readinessProbe")
+
+        # What Prometheus scrapes: /metrics on the port each Service targets.
+        for service in find(cluster.objects, "Service"):
+            selector = service["spec"]["selector"]
+            (pod,) = [p for p in pods.values() if all(
+                p.container.workload.pod_labels.get(k) == v for k, v in selector.items())]
+            for port in service["spec"]["ports"]:
+                status, body = http_get(pod.ports[pod.container.port_number(port["targetPort"])],
+                                        "/metrics")
+                assert status == 200 and "cronstream_build_info" in body, (service["metadata"], status)
+
+        settings = Settings(kafka_bootstrap_servers=kafka, database_url=database_url,
+                            topic_prefix=prefix)
+        run_now(settings, "k8s-hello", "noop", params={"from": "the manifests"})
+        rows = eventually(
+            lambda: sql(database_url, "SELECT status, worker_id, result FROM job_executions "
+                                      "WHERE job_id = 'k8s-hello' AND status = 'COMPLETED'"),
+            timeout=90, message="k8s-hello COMPLETED in PostgreSQL")
+        worker = pods["cronstream-worker"]
+        assert rows[0]["worker_id"] == worker.pod_name == "cronstream-worker-0"
+        assert json.loads(rows[0]["result"]) == {"from": "the manifests"}
+    finally:
+        started = time.monotonic()
+        codes = cluster.stop_all()
+        for pod in cluster.pods:
+            tail = "\n".join(pod.log().splitlines()[-25:])
+            print(f"\n----- {pod.pod_name} (exit {codes.get(pod.pod_name)}) -----\n{tail}")
+        print(f"all stopped in {time.monotonic() - started:.1f}s; restarts: "
+              f"{ {p.pod_name: p.restarts for p in cluster.pods if p.restarts} or 'none'}")
+    not_clean = {name: code for name, code in codes.items() if code != 0}
+    assert not not_clean, f"not stopped cleanly within their grace: {not_clean}"

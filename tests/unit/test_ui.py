@@ -1,0 +1,116 @@
+"""The dashboard's pure parts: the Timeline agrees with the scheduler's clock, the DAG
+layout, sessions and CSRF tokens, and how values are shown."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from cronstream.services.scheduler.clock import Clock
+from cronstream.shared.records import JobDefinition
+from cronstream.shared.schedule import from_epoch_ms, to_epoch_ms
+from cronstream.ui import graph
+from cronstream.ui.auth import CSRF_COOKIE, SESSION_COOKIE, Auth
+from cronstream.ui.present import clip, duration, local, spark, status_class, utc
+from cronstream.ui.timeline import Window, load, missed_fires, project_row
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def definition(**fields: Any) -> JobDefinition:
+    base = {"job_id": "j", "type": "INTERVAL", "interval_seconds": 10, "handler": "noop"}
+    return JobDefinition(**{**base, **fields})
+
+
+def clock_fires(d: JobDefinition, late_seconds: float) -> list[datetime]:
+    clock = Clock()
+    clock.apply_definition(d.job_id, d, d.to_json(), offset=0, observed_ms=to_epoch_ms(T0))
+    plan = clock.plan(to_epoch_ms(T0 + timedelta(seconds=late_seconds)))
+    return [from_epoch_ms(due.scheduled_ms) for due in plan.dues]
+
+
+@pytest.mark.parametrize("policy", ["FIRE_ONCE", "FIRE_ALL", "SKIP"])
+@pytest.mark.parametrize("late", [0, 3, 95, 1000])
+def test_the_timeline_shows_missed_fires_as_the_scheduler_fires_them(policy: str, late: int) -> None:
+    d = definition(misfire_policy=policy, misfire_grace_seconds=5)
+    now = T0 + timedelta(seconds=late)
+    shown = missed_fires(d, T0 - timedelta(seconds=10), now)  # the last fire was one step ago
+    will_fire = [t for t, kind in shown if kind in ("due", "late")]
+    assert will_fire == clock_fires(d, late)
+    expected_missed = [T0 + timedelta(seconds=s) for s in range(0, late + 1, 10)]
+    assert [t for t, _ in shown] == expected_missed, "every missed instant is shown"
+
+
+def test_projection_follows_dst_from_the_firing_code() -> None:
+    # 02:30 Europe/Berlin does not exist on 2026-03-29: it fires once, at 03:00 local (01:00Z).
+    d = definition(type="CRON", interval_seconds=None, schedule="30 2 * * *", timezone="Europe/Berlin")
+    start = datetime(2026, 3, 28, 0, 0, tzinfo=UTC)
+    window = Window(start, start + timedelta(days=3), 72)
+    row = project_row(d, enabled=True, last_fire=None, typical_seconds=None, now=start, window=window)
+    assert [m.at for m in row.marks] == [datetime(2026, 3, 28, 1, 30, tzinfo=UTC),
+                                         datetime(2026, 3, 29, 1, 0, tzinfo=UTC),
+                                         datetime(2026, 3, 30, 0, 30, tzinfo=UTC)]
+
+
+def test_a_frequent_job_costs_one_mark_per_bucket_and_overlaps_are_flagged() -> None:
+    d = definition(interval_seconds=1, concurrency_policy="FORBID")
+    window = Window(T0, T0 + timedelta(hours=24), 240)
+    row = project_row(d, enabled=True, last_fire=None, typical_seconds=5.0, now=T0, window=window)
+    assert len(row.marks) == 240 and len({m.first for m in row.marks}) == 240
+    assert row.overlaps and "FORBID will skip" in row.note
+    assert load([row], 240) == [1] * 240
+    paused = project_row(d, enabled=False, last_fire=None, typical_seconds=None, now=T0, window=window)
+    assert paused.marks == [] and "paused" in paused.note
+
+
+def test_dag_layout_columns_follow_the_longest_path() -> None:
+    picture = graph.layout(["root", "a", "b", "join"],
+                           [("root", "a"), ("root", "b"), ("a", "join"), ("b", "join"), ("root", "join")])
+    columns = {name: node.column for name, node in picture.nodes.items()}
+    assert columns == {"root": 0, "a": 1, "b": 1, "join": 2}
+    assert len(picture.edges) == 5
+    assert {(n.x, n.y) for n in picture.nodes.values()}.__len__() == 4, "no two nodes overlap"
+    assert picture.width > 2 * graph.NODE_W and picture.height >= graph.NODE_H
+
+
+def request(headers: dict[str, str] | None = None, cookies: dict[str, str] | None = None) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    if cookies:
+        raw.append((b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode()))
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+
+
+def test_sessions_and_csrf_tokens_cannot_be_forged() -> None:
+    auth = Auth("t0ken", None, False, None)
+    value = auth.session_value("alice")
+    assert auth.identify(request(cookies={SESSION_COOKIE: value})).name == "alice"  # type: ignore[union-attr]
+    forged = value.replace(value.split(".")[0], "Ym9i")  # "bob", same signature
+    assert auth.identify(request(cookies={SESSION_COOKIE: forged})) is None
+    expired = auth.session_value("alice", now=0)
+    assert auth.identify(request(cookies={SESSION_COOKIE: expired})) is None
+    assert Auth("other", None, False, None).identify(request(cookies={SESSION_COOKIE: value})) is None
+    assert auth.identify(request({"Authorization": "Bearer t0ken"})).via == "bearer"  # type: ignore[union-attr]
+    assert auth.identify(request({"Authorization": "Bearer nope"})) is None
+    cookie = auth.new_csrf_cookie()
+    browser = request(cookies={CSRF_COOKIE: cookie})
+    assert auth.csrf_ok(browser, auth.csrf_token(cookie))
+    assert not auth.csrf_ok(browser, auth.csrf_token(auth.new_csrf_cookie()))
+    assert not auth.csrf_ok(browser, None) and not auth.csrf_ok(request(), auth.csrf_token(cookie))
+    assert not Auth.same_origin(request({"Origin": "http://evil.example", "Host": "ui:8180"}))
+    assert Auth.same_origin(request({"Origin": "http://ui:8180", "Host": "ui:8180"}))
+    assert not Auth(None, None, False, None).actions_enabled
+
+
+def test_values_as_shown() -> None:
+    t = datetime(2026, 1, 15, 8, 30, 0, 250_000, tzinfo=UTC)
+    assert utc(t) == "2026-01-15 08:30:00.250Z"
+    assert local(t, "Europe/Berlin") == "2026-01-15 09:30:00 CET (Europe/Berlin)"
+    assert local(t, "UTC") == "" and local(t, "Not/AZone") == ""
+    assert [duration(x) for x in (0.2, 12.34, 125, 7300, None)] == ["200 ms", "12.3 s", "2m 05s", "2h 01m", "-"]
+    assert clip("x" * 10, 5) == "xxxx…"
+    assert status_class("RUNNING") == "st-running" and status_class('"><script>') == "st-unknown"
+    bars = spark(["COMPLETED", "FAILED"], [1.0, None])
+    assert [b["h"] for b in bars] == [16.0, 8.0] and bars[1]["x"] == 5
