@@ -38,13 +38,16 @@ logger = logging.getLogger(__name__)
 class DagAdvancer:
     def __init__(self, outbound: Outbound) -> None:
         self.outbound = outbound
-        self.upstreams: set[str] = set()  # jobs some DEPENDENT job waits for
-
-    async def refresh(self, conn: Any) -> None:
-        self.upstreams = {r[0] for r in await conn.fetch(query("dag_upstream_ids"))}
 
     async def advance(self, conn: Any, patches: list[ExecutionPatch]) -> list[OutRecord]:
-        finals = [p for p in patches if p.status in DAG_FINAL and p.job_id in self.upstreams]
+        finals = [p for p in patches if p.status in DAG_FINAL]
+        if not finals:
+            return []
+        # Asked in this transaction, not cached: with several monitors, the one that
+        # projected a DAG's definitions is not the one that sees its runs end.
+        upstreams = {r[0] for r in await conn.fetch(query("dag_upstreams_among"),
+                                                   sorted({p.job_id for p in finals}))}
+        finals = [p for p in finals if p.job_id in upstreams]
         for run_id in sorted({str(p.run_id) for p in finals}):  # a fixed order: no deadlock
             await conn.execute(query("lock_run"), run_id)
         records: list[OutRecord] = []

@@ -107,8 +107,6 @@ class MonitorService:
         t = self.topics
         tasks: list[asyncio.Task[None]] = []
         try:
-            async with pool.acquire() as conn:
-                await self.dags.refresh(conn)
             await consumer.call(lambda: consumer.consumer.subscribe(
                 [t.execution_events, t.heartbeats, t.job_definitions, t.commands, t.alerts],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke))
@@ -209,8 +207,6 @@ class MonitorService:
             outgoing: list[OutRecord] = list(fresh.dead)
             outgoing += [self.outbound.permanently_failed(e, self._headers(fresh, e))
                          for e, _, _ in fresh.events if e.status == "PERMANENTLY_FAILED"]
-            if fresh.definitions:
-                await self.dags.refresh(fresh.conn)
             outgoing += await self.dags.advance(fresh.conn, patches)
             outgoing += await self._decide(fresh)
             if outgoing:

@@ -198,9 +198,6 @@ WHERE job_id = $1 AND attempt_number = 1 AND scheduled_at = ANY($2::timestamptz[
 SELECT execution_id, job_id, run_id, status, scheduled_at, attempt_number, delivery
 FROM job_executions WHERE execution_id = $1;
 
--- name: dag_upstream_ids
-SELECT DISTINCT upstream_job_id FROM job_dependencies;
-
 -- name: dag_downstreams
 SELECT d.job_id, d.definition
 FROM job_dependencies dep
@@ -415,3 +412,8 @@ FROM alerts
 WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR job_id = $2)
 ORDER BY fired_at DESC
 LIMIT $3;
+
+-- name: dag_upstreams_among
+-- Which of these jobs some DEPENDENT job waits for (read in the projection's transaction:
+-- every monitor sees the dependencies, whichever of them projected the definitions).
+SELECT DISTINCT upstream_job_id FROM job_dependencies WHERE upstream_job_id = ANY($1::text[]);
