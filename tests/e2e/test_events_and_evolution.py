@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cronstream import Client
-from cronstream.shared.kafka import DLQ_ERROR, DLQ_SERVICE, DLQ_TOPIC
+from cronstream.shared.inbound import DLQ_ERROR, DLQ_SERVICE, DLQ_TOPIC
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import env_for, eventually, header, produce_json, read_all, run_now, sql
