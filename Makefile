@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium dev test test-unit test-integration test-e2e test-image bench lint schemas infra-up infra-down clean ui-screenshots
+.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas infra-up infra-down clean ui-screenshots
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -26,6 +26,10 @@ chromium: ## Install Debian's Chromium for the browser tests (once)
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the browser tests"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
+promtool: ## Install promtool (Debian's prometheus package) to check metrics and rules (once)
+	@command -v promtool >/dev/null 2>&1 || { echo "installing promtool (prometheus)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 dev: install ## Run everything: Kafka, PostgreSQL, all services, the examples and a live view
 	$(BIN)/cronstream dev
 
@@ -35,7 +39,7 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install chromium ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
+test: install chromium promtool ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
