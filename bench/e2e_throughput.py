@@ -1,100 +1,214 @@
-"""End-to-end throughput: many INTERVAL no-op jobs through all four services.
+"""End-to-end throughput, measured honestly: INTERVAL jobs through all four services,
+counted by what *completed inside* the measuring window.
 
-    python -m bench.e2e_throughput            # defaults below; env overrides
-    BENCH_JOBS=3000 BENCH_SECONDS=60 python -m bench.e2e_throughput
+    python -m bench.e2e_throughput                      # the whole programme below
+    BENCH_RATES=3000 BENCH_SECONDS=60 python -m bench.e2e_throughput   # one rate only
+    BENCH_HANDLER=bench.echo ...                        # the process-pool path
 
-Figures, read from PostgreSQL (the monitor's projection):
-- completions per second over the measured window (fire → COMPLETED in PostgreSQL);
-- start lag (scheduled_at → started_at) and end-to-end lag (scheduled_at → completed_at)
-  percentiles; queue lag (scheduled_at → queued_at) shows scheduler + dispatcher.
-Target (SPEC §9): ≥ 3,000 executions/s sustained for 60 s; start lag p99 ≤ 250 ms at 1,000/s.
+For each offered rate (N interval jobs every second, spread over the second):
+- `completed_per_second`: executions whose `completed_at` (COMPLETED, in PostgreSQL) falls
+  inside the window, divided by the window — not executions *scheduled* in the window that
+  finished some time later;
+- start lag (scheduled_at → RUNNING) p50/p99 of executions started in the window;
+- CPU per execution: the CPU seconds each process spent during the window (every service
+  process with its children — handler pools — and the broker and PostgreSQL), divided by
+  the executions completed in the window; each share reported;
+- peak RSS of each service process (VmHWM: the peak, not a sample).
+
+Programme (`make bench`): step the offered rate up until start-lag p99 exceeds 1 s or
+completions fall below 95 % of offered — the last rate that held is the ceiling — then
+offer twice the ceiling for the window (completions must stay ≥ 90 % of the ceiling: no
+congestion collapse), and 3,000/s through the process pool. SPEC §9 targets: ceiling ≥
+6,000/s, start lag p99 ≤ 250 ms at 3,000/s, CPU per execution at least halved.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
-from bench.harness import BenchSystem, percentile, summary, write_result
+import psutil
+
+from bench.harness import BenchSystem, percentile, write_result
 from cronstream.client import Client
+from cronstream.infra import Infra
 from cronstream.shared.records import JobDefinition
-from tests.support import eventually, sql
+from cronstream.shared.settings import Settings
+from tests.support import ServiceProcess, eventually, sql
+
+CEILING_P99_SECONDS = 1.0
+CEILING_FRACTION = 0.95
 
 
-def main() -> dict[str, object]:
-    jobs = int(os.environ.get("BENCH_JOBS", "1000"))
-    interval = int(os.environ.get("BENCH_INTERVAL", "1"))
-    seconds = int(os.environ.get("BENCH_SECONDS", "60"))
-    workers = int(os.environ.get("BENCH_WORKERS", "2"))
-    concurrency = os.environ.get("BENCH_CONCURRENCY", "32")
-    system = BenchSystem("e2e_throughput")
+@dataclass
+class Sample:
+    cpu: dict[str, float]
+    at: float
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and all its descendants (a worker's handler pool)."""
     try:
-        monitor = system.start("monitor", name="monitor")
-        dispatcher = system.start("dispatcher", name="dispatcher")
-        scheduler = system.start("scheduler", name="scheduler")
-        started = [system.start("worker", "--worker-id", f"bench-w{i}", "--concurrency", concurrency,
-                                "--import", "bench.handlers", name=f"worker-{i}",
-                                env={"PYTHONPATH": os.getcwd()}) for i in range(workers)]
-        scheduler.wait_for_log("action=leader_ready")
-        for proc in (monitor, dispatcher, *started):
-            proc.wait_for_log("action=partitions_assigned")
-        time.sleep(3)  # the group settles once every worker joined
-        # Spread over the interval (BENCH_SPREAD=0: every job fires at the same instant).
-        spread = os.environ.get("BENCH_SPREAD", "1") == "1"
+        root = psutil.Process(pid)
+        total = sum(root.cpu_times()[:2])
+        for child in root.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                continue
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def _servers(settings: Settings) -> dict[str, list[int]]:
+    """The broker's and PostgreSQL's pids: the ones `cronstream infra` started, else every
+    broker and PostgreSQL process of the machine (a benchmark machine runs one of each)."""
+    infra = Infra.from_settings(settings)
+    kafka = [pid] if (pid := infra.kafka.started_pid()) else []
+    postgres: list[int] = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        if not kafka and "kafka.Kafka" in " ".join(proc.info["cmdline"] or []):
+            kafka.append(proc.info["pid"])
+        elif (proc.info["name"] or "").startswith("postgres"):
+            postgres.append(proc.info["pid"])
+    return {"kafka": kafka, "postgres": postgres}
+
+
+def _sample(procs: dict[str, ServiceProcess], servers: dict[str, list[int]]) -> Sample:
+    cpu = {name: _tree_cpu(p.pid) for name, p in procs.items()}
+    for name, pids in servers.items():
+        total = 0.0
+        for pid in pids:
+            try:
+                total += sum(psutil.Process(pid).cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                continue
+        cpu[name] = total
+    return Sample(cpu, time.monotonic())
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def run_rate(rate: int, seconds: int, handler: str = "noop", *, workers: int = 2,
+             concurrency: int = 64, warmup: int = 10) -> dict[str, Any]:
+    """One offered rate on a fresh system; the figures of its window."""
+    system = BenchSystem(f"e2e_{rate}")
+    try:
+        procs: dict[str, ServiceProcess] = {
+            "monitor": system.start("monitor", name="monitor"),
+            "dispatcher": system.start("dispatcher", name="dispatcher"),
+            "scheduler": system.start("scheduler", name="scheduler"),
+        }
+        for i in range(workers):
+            procs[f"worker-{i}"] = system.start(
+                "worker", "--worker-id", f"bench-w{i}", "--concurrency", str(concurrency),
+                "--import", "bench.handlers", name=f"worker-{i}", env={"PYTHONPATH": os.getcwd()})
+        procs["scheduler"].wait_for_log("action=leader_ready")
+        for name, proc in procs.items():
+            if name != "scheduler":
+                proc.wait_for_log("action=partitions_assigned")
         base = datetime(2026, 1, 1, tzinfo=UTC)
         definitions = [JobDefinition(
-            job_id=f"bench-{i:06d}", type="INTERVAL", interval_seconds=interval,
-            handler=os.environ.get("BENCH_HANDLER", "noop"), params={"i": i},
-            start_at=base + timedelta(milliseconds=i * interval * 1000 // jobs) if spread else None)
-            for i in range(jobs)]
+            job_id=f"bench-{i:06d}", type="INTERVAL", interval_seconds=1, handler=handler,
+            params={"i": i}, start_at=base + timedelta(microseconds=i * 1_000_000 // rate))
+            for i in range(rate)]
         with Client(system.settings) as client:
             client.apply(definitions)
         url = system.settings.database_url
-        # Measure a steady window: skip the first seconds while every job gets going.
-        time.sleep(int(os.environ.get("BENCH_WARMUP", "10")))
+        servers = _servers(system.settings)
+        eventually(lambda: sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = "
+                                    "'COMPLETED'")[0]["n"] > rate, 60, message="the load flows")
+        time.sleep(warmup)  # a fixed warm-up, not a synchronisation: the window is what we measure
+        first = _sample(procs, servers)
         window_start = sql(url, "SELECT now() AS t")[0]["t"]
         time.sleep(seconds)
         window_end = sql(url, "SELECT now() AS t")[0]["t"]
-        with Client(system.settings) as client:
-            for d in definitions:
-                client.delete(d.job_id)
-        eventually(lambda: sql(url, "SELECT count(*) AS n FROM job_executions WHERE status "
-                                      "NOT IN ('COMPLETED','FAILED','PERMANENTLY_FAILED')")[0]["n"] == 0,
-                   timeout=120, message="backlog drained")
-        rows = sql(url, """
-            SELECT extract(epoch FROM scheduled_at - $1) AS at,
-                   extract(epoch FROM queued_at - scheduled_at) AS queue_lag,
-                   extract(epoch FROM started_at - scheduled_at) AS start_lag,
-                   extract(epoch FROM completed_at - scheduled_at) AS e2e_lag
-            FROM job_executions
-            WHERE scheduled_at >= $1 AND scheduled_at < $2 AND status = 'COMPLETED'""",
-                     window_start, window_end)
+        last = _sample(procs, servers)
         span = (window_end - window_start).total_seconds()
-        offered = jobs / interval
-        figures = {
-            "params": {"jobs": jobs, "interval_seconds": interval, "offered_per_second": offered,
-                       "spread": spread, "handler": os.environ.get("BENCH_HANDLER", "noop"),
-                       "window_seconds": round(span, 1), "workers": workers,
-                       "worker_concurrency": int(concurrency), "partitions": system.partitions},
-            "completed_per_second": round(len(rows) / span, 1),
-            "completed_fraction_of_offered": round(len(rows) / (offered * span), 4),
-            "queue_lag_ms": {k: round(v * 1000, 1) if k != "count" else v for k, v in
-                             summary([float(r["queue_lag"]) for r in rows]).items()},
-            "start_lag_ms": {k: round(v * 1000, 1) if k != "count" else v for k, v in
-                             summary([float(r["start_lag"]) for r in rows]).items()},
-            "e2e_lag_ms": {k: round(v * 1000, 1) if k != "count" else v for k, v in
-                           summary([float(r["e2e_lag"]) for r in rows]).items()},
+        # Let the projection catch up with the window's end before counting it.
+        eventually(lambda: sql(url, "SELECT max(completed_at) AS t FROM job_executions")[0]["t"]
+                   >= window_end, 120, message="the projection reaches the window's end")
+        completed = sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = 'COMPLETED' "
+                             "AND completed_at >= $1 AND completed_at < $2",
+                        window_start, window_end)[0]["n"]
+        lags = [float(r["lag"]) for r in sql(url, """
+            SELECT extract(epoch FROM started_at - scheduled_at) AS lag FROM job_executions
+            WHERE started_at >= $1 AND started_at < $2""", window_start, window_end)]
+        backlog = sql(url, "SELECT count(*) AS n FROM job_executions WHERE status IN "
+                           "('QUEUED', 'RUNNING')")[0]["n"]
+        cpu = {k: round(last.cpu[k] - first.cpu.get(k, 0.0), 2) for k in last.cpu}
+        total_cpu = sum(cpu.values())
+        per = {k: round(v / completed * 1e6, 1) if completed else None for k, v in cpu.items()}
+        return {
+            "offered_per_second": rate, "window_seconds": round(span, 1), "handler": handler,
+            "workers": workers, "worker_concurrency": concurrency,
+            "completed_in_window": completed,
+            "completed_per_second": round(completed / span, 1),
+            "completed_fraction_of_offered": round(completed / (rate * span), 4),
+            "start_lag_ms": {"p50": round(percentile(lags, 50) * 1000, 1),
+                             "p99": round(percentile(lags, 99) * 1000, 1), "count": len(lags)},
+            "backlog_at_end": backlog,
+            "cpu_seconds": cpu,
+            "cpu_us_per_execution": {"total": round(total_cpu / completed * 1e6, 1) if completed else None,
+                                     **per},
+            "machine_cpu_utilisation": round(total_cpu / (span * (os.cpu_count() or 1)), 3),
+            "peak_rss_mb": {name: _peak_rss_mb(p.pid) for name, p in procs.items()},
         }
-        buckets: dict[int, list[float]] = {}
-        for r in rows:
-            buckets.setdefault(int(float(r["at"])) // 5 * 5, []).append(float(r["start_lag"]))
-        figures["start_lag_p99_ms_by_5s"] = {
-            k: round(percentile(v, 99) * 1000) for k, v in sorted(buckets.items())}
-        write_result("e2e_throughput", figures)
-        return figures
     finally:
         system.close()
+
+
+def holds(figures: dict[str, Any]) -> bool:
+    return (figures["start_lag_ms"]["p99"] <= CEILING_P99_SECONDS * 1000
+            and figures["completed_fraction_of_offered"] >= CEILING_FRACTION)
+
+
+def main() -> dict[str, Any]:
+    seconds = int(os.environ.get("BENCH_SECONDS", "60"))
+    handler = os.environ.get("BENCH_HANDLER", "noop")
+    given = os.environ.get("BENCH_RATES")
+    if given:
+        runs = [run_rate(int(r), seconds, handler) for r in given.split(",")]
+        figures: dict[str, Any] = {"runs": runs}
+        write_result("e2e_throughput", figures)
+        return figures
+    steps = [int(r) for r in os.environ.get(
+        "BENCH_STEPS", "1000,2000,3000,4000,5000,6000,7000,8000").split(",")]
+    search = int(os.environ.get("BENCH_SEARCH_SECONDS", "30"))
+    runs, ceiling = [], None
+    for rate in steps:
+        figures = run_rate(rate, search, handler)
+        runs.append(figures)
+        print(f"offered {rate}/s: completed {figures['completed_per_second']}/s, start lag p99 "
+              f"{figures['start_lag_ms']['p99']} ms, CPU {figures['cpu_us_per_execution']['total']} "
+              f"us/execution", flush=True)
+        if not holds(figures):
+            break
+        ceiling = figures
+    result: dict[str, Any] = {"search": runs, "ceiling": ceiling}
+    if ceiling is not None:
+        rate = ceiling["offered_per_second"]
+        result["at_3000"] = run_rate(3000, seconds, handler)
+        result["overload_2x"] = run_rate(2 * rate, seconds, handler)
+        result["overload_2x"]["completions_vs_ceiling"] = round(
+            result["overload_2x"]["completed_per_second"] / ceiling["completed_per_second"], 3)
+        result["process_pool_3000"] = run_rate(3000, seconds, "bench.echo")
+    write_result("e2e_throughput", result)
+    return result
 
 
 if __name__ == "__main__":
