@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from uuid import uuid4
 
@@ -325,13 +326,11 @@ class DispatcherService:
             tracked_jobs=len(self.policy.jobs), remembered_dues=len(self.seen))
 
     async def _load_state(self, partitions: set[int]) -> None:
-        """Read `dispatcher-state` for the owned partitions (to its end)."""
+        """Rebuild the policy state and the remembered dues of the owned partitions."""
         self.policy = PolicyState()
         self.seen = SeenDues()
         if not partitions:
             return
-        reader = ConsumerThread(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
-                                "dispatcher-state")
         now_ms = time.time_ns() // 1_000_000
 
         def load(messages: list[Message]) -> None:
@@ -349,9 +348,17 @@ class DispatcherService:
                     log(logger, "state_record_skipped", logging.WARNING, key=key[:200],
                         error=str(exc)[:300])
 
+        await self.read_state([TopicPartition(self.topics.dispatcher_state, p)
+                               for p in sorted(partitions)], load)
+
+    async def read_state(self, partitions: list[TopicPartition],
+                         load: Callable[[list[Message]], None]) -> None:
+        """Feed `dispatcher-state` of `partitions`, to its end, to `load` (a seam: unit tests
+        give the service a bus of their own)."""
+        reader = ConsumerThread(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
+                                "dispatcher-state")
         try:
-            await read_to_end(reader, [TopicPartition(self.topics.dispatcher_state, p)
-                                       for p in sorted(partitions)], load)
+            await read_to_end(reader, partitions, load)
         finally:
             await reader.close()
 

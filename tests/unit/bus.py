@@ -1,0 +1,107 @@
+"""A small in-memory bus behind the seams our services use (in the spirit of
+procrastinate's InMemoryConnector and dramatiq's StubBroker): topics of partitions of
+records, a consumer group's committed offsets, and transactions that append records and
+commit offsets together — or, when a test says so, abort, or hang with an outcome the
+service must read back. Fakes of *our* interfaces (ConsumerThread, TransactionalProducer),
+never of Kafka itself: the real broker stays in the integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message, TopicPartition
+
+from cronstream.shared.kafka import OutRecord
+from cronstream.shared.producers import TransactionAborted, TransactionOutcomeUnknown
+
+
+@dataclass
+class MemoryBus:
+    partitions: int = 3
+    logs: dict[tuple[str, int], list[Message]] = field(default_factory=dict)
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def partition_of(self, key: bytes | None) -> int:
+        return zlib.crc32(key or b"") % self.partitions
+
+    def append(self, topic: str, key: bytes | None, value: bytes | None,
+               headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> Message:
+        partition = self.partition_of(key) if partition is None else partition
+        log = self.logs.setdefault((topic, partition), [])
+        msg = Message(topic=topic, partition=partition, offset=len(log), key=key, value=value,
+                      headers=list(headers or []))
+        log.append(msg)
+        return msg
+
+    def records(self, topic: str) -> list[Message]:
+        return [m for (t, _), log in sorted(self.logs.items()) if t == topic for m in log]
+
+    def values(self, topic: str) -> list[dict[str, Any]]:
+        return [json.loads(m.value()) for m in self.records(topic) if m.value() is not None]
+
+    def read(self, topic: str, partition: int, start: int) -> list[Message]:
+        return self.logs.get((topic, partition), [])[start:]
+
+
+class _Consumer:
+    """The part of confluent-kafka's Consumer the services call through ConsumerThread."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self.seeks: list[tuple[str, int, int]] = []
+
+    def consumer_group_metadata(self) -> str:
+        return "memory-group"
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.bus.committed.get((tp.topic, tp.partition), -1001))
+                for tp in partitions]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+
+class MemoryConsumerThread:
+    """A ConsumerThread whose calls run at once, on the bus."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.consumer = _Consumer(bus)
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+@dataclass
+class MemoryProducer:
+    """A TransactionalProducer on the bus. `fail_next`: "abort" (nothing visible),
+    "unknown-committed" or "unknown-lost" (it hung; it did, or did not, commit)."""
+
+    bus: MemoryBus
+    fail_next: str | None = None
+    transactions: int = 0
+
+    async def init(self) -> None:
+        return None
+
+    async def commit(self, records: Iterable[OutRecord], offsets: list[TopicPartition] | None = None,
+                     group_metadata: Callable[[], Any] | None = None, attempts: int = 3) -> None:
+        failure, self.fail_next = self.fail_next, None
+        if failure == "abort":
+            raise TransactionAborted("aborted (memory bus)")
+        if failure == "unknown-lost":
+            raise TransactionOutcomeUnknown("hung and lost (memory bus)")
+        for record in records:
+            self.bus.append(record.topic, record.key, record.value, record.headers, record.partition)
+        for tp in offsets or []:
+            self.bus.committed[(tp.topic, tp.partition)] = tp.offset
+        self.transactions += 1
+        if failure == "unknown-committed":
+            raise TransactionOutcomeUnknown("hung after committing (memory bus)")
+
+    async def close(self) -> None:
+        return None
