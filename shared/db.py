@@ -21,16 +21,18 @@ _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _LOCK_KEY = 0x63726F6E  # "cron"
 
 
-@lru_cache(maxsize=1)
-def queries() -> dict[str, str]:
-    text = resources.files("cronstream.shared").joinpath("sql/queries.sql").read_text()
+@lru_cache(maxsize=8)
+def queries(file: str = "queries.sql") -> dict[str, str]:
+    """The named blocks of one file in `sql/` (a module with many queries of its own, e.g.
+    retention, keeps them in a file of their own)."""
+    text = resources.files("cronstream.shared").joinpath(f"sql/{file}").read_text()
     parts = _NAME.split(text)
     # parts: [preamble, name1, body1, name2, body2, ...]
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
 
 
-def query(name: str) -> str:
-    return queries()[name]
+def query(name: str, file: str = "queries.sql") -> str:
+    return queries(file)[name]
 
 
 @dataclass(frozen=True)

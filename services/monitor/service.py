@@ -49,6 +49,7 @@ from cronstream.services.monitor.projection import (
     heartbeat_arrays,
     patch_arrays,
 )
+from cronstream.services.monitor.retention import retention_loop
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode, decode_key, decode_many
 from cronstream.shared.db import query
@@ -146,6 +147,7 @@ class MonitorService:
                   self.topics.job_definitions, self.topics.commands, self.topics.alerts]
         await consumer.call(lambda: consumer.consumer.subscribe(topics, on_assign=self._on_assign))
         housekeeping = asyncio.create_task(self._housekeeping(stopping))
+        retention = asyncio.create_task(retention_loop(self._pool, self.settings, stopping))
         writer = self._writer = asyncio.create_task(self._write_batches())
         log(logger, "monitor_started", instance=self.instance)
         try:
@@ -164,7 +166,8 @@ class MonitorService:
         finally:
             writer.cancel()
             housekeeping.cancel()
-            for task in (writer, housekeeping):
+            retention.cancel()
+            for task in (writer, housekeeping, retention):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await consumer.close()
