@@ -15,7 +15,10 @@ from cronstream.services.monitor import retention
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-EXIT_UNREACHABLE = 3
+
+
+class Unreachable(click.ClickException):
+    exit_code = 3  # SPEC §7: cannot reach Kafka or PostgreSQL
 
 
 def parse_age(text: str) -> timedelta:
@@ -30,7 +33,7 @@ def parse_age(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-class _Age(click.ParamType):
+class _Age(click.ParamType):  # type: ignore[type-arg]
     name = "DURATION"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
@@ -60,7 +63,7 @@ def prune(state: CliState, older_than: timedelta, batch: int | None, dry_run: bo
         try:
             conn = await asyncpg.connect(settings.database_url, timeout=10)
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise click.ClickException(f"cannot reach PostgreSQL: {exc}") from None
+            raise Unreachable(f"cannot reach PostgreSQL: {exc}") from None
         try:
             if dry_run:
                 return await retention.count_prunable(conn, cutoff)
@@ -69,11 +72,7 @@ def prune(state: CliState, older_than: timedelta, batch: int | None, dry_run: bo
         finally:
             await conn.close()
 
-    try:
-        counts = asyncio.run(run())
-    except click.ClickException as exc:
-        exc.exit_code = EXIT_UNREACHABLE
-        raise
+    counts = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
     click.echo(f"{verb} (older than {cutoff.isoformat(timespec='seconds')}): {shown}")

@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -53,13 +54,13 @@ def cutoff_for(older_than: timedelta, now: datetime | None = None) -> datetime:
     return (now or datetime.now(UTC)) - older_than
 
 
-async def count_prunable(conn: asyncpg.Connection, cutoff: datetime) -> dict[str, int]:
+async def count_prunable(conn: Any, cutoff: datetime) -> dict[str, int]:
     row = await conn.fetchrow(query("count_prunable", SQL), cutoff)
     assert row is not None
     return {name: int(row[name]) for name in TABLES}
 
 
-async def prune(conn: asyncpg.Connection, cutoff: datetime, batch: int,
+async def prune(conn: Any, cutoff: datetime, batch: int,
                 stopping: asyncio.Event | None = None) -> Pruned:
     """Delete everything older than `cutoff`, `batch` rows per transaction, until nothing
     is left (or `stopping` is set: `complete` is then False)."""
