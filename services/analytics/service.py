@@ -165,32 +165,38 @@ class AnalyticsService:
 
     async def _consume(self, reader: ConsumerThread, ends: dict[tuple[str, int], int],
                        stopping: asyncio.Event) -> None:
-        pending = {k for k, end in ends.items()
-                   if end > 0}  # execution-events partitions still replaying
+        replaying = set(ends)  # execution-events partitions not replayed to their start end yet
         next_tick, ticks = 0.0, 0
         while not stopping.is_set():
             messages = await reader.consume(BATCH, 0.2)
             self._apply(messages)
-            if pending:
-                for msg in messages:
-                    topic, partition, offset = position(msg)
-                    if offset + 1 >= ends.get((topic, partition), 0):
-                        pending.discard((topic, partition))
-                if pending and not messages:
-                    now_at = await reader.call(reader.consumer.position,
-                                               [TopicPartition(t, p) for t, p in pending])
-                    pending -= {(tp.topic, tp.partition) for tp in now_at
-                                if tp.offset >= ends[(tp.topic, tp.partition)]}
-                if not pending:
-                    self.health.set("replay", True)
-                    log(logger, "analytics_caught_up", jobs=len(self.windows),
-                        open_episodes=len(self.episodes.open))
-                continue
-            self.health.set("replay", True)
+            if replaying:
+                await self._replayed(reader, messages, ends, replaying)
+                if replaying:
+                    continue
+            if ticks == 0:
+                self.health.set("replay", True)
+                log(logger, "analytics_caught_up", jobs=len(self.windows),
+                    open_episodes=len(self.episodes.open))
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_SECONDS
                 ticks += 1
                 await self._judge(everything=ticks % FULL_ROUND_EVERY == 1)
+
+    @staticmethod
+    async def _replayed(reader: ConsumerThread, messages: list[Message],
+                        ends: dict[tuple[str, int], int], replaying: set[tuple[str, int]]) -> None:
+        """Drop from `replaying` the partitions read to the end they had at start."""
+        for msg in messages:
+            topic, partition, offset = position(msg)
+            if offset + 1 >= ends.get((topic, partition), 0):
+                replaying.discard((topic, partition))
+        if replaying and not messages:
+            # Transaction markers take offsets too: the end is known by position.
+            now_at = await reader.call(reader.consumer.position,
+                                       [TopicPartition(t, p) for t, p in replaying])
+            replaying -= {(tp.topic, tp.partition) for tp in now_at
+                          if tp.offset >= ends[(tp.topic, tp.partition)]}
 
     # -- input ---------------------------------------------------------------------------
 

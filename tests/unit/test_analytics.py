@@ -39,10 +39,10 @@ def test_a_jobs_alerts_block_overrides_the_global_defaults_field_by_field() -> N
 
 
 def test_a_bad_alerts_block_is_refused_naming_the_field() -> None:
-    with pytest.raises(ValidationError, match="alerts.success_rate_percent"):
+    with pytest.raises(ValidationError, match=r"alerts\.success_rate_percent"):
         JobDefinition.model_validate({"job_id": "j", "type": "INTERVAL", "interval_seconds": 1,
                                       "handler": "noop", "alerts": {"success_rate_percent": 120}})
-    with pytest.raises(ValidationError, match="alerts.treshold"):
+    with pytest.raises(ValidationError, match=r"alerts\.treshold"):
         JobDefinition.model_validate({"job_id": "j", "type": "INTERVAL", "interval_seconds": 1,
                                       "handler": "noop", "alerts": {"treshold": 1}})
 
