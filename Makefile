@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test test-unit test-integration test-e2e bench lint schemas infra-up infra-down clean
+.PHONY: help install dev test test-unit test-integration test-e2e bench lint schemas dashboards promtool infra-up infra-down clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -48,11 +48,14 @@ bench: install ## Benchmarks (figures printed and written to bench/results/)
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy
-	$(BIN)/ruff check cronstream shared services tests bench
-	$(BIN)/mypy cronstream shared services
+	$(BIN)/ruff check cronstream shared services tests bench deploy/grafana
+	$(BIN)/mypy cronstream shared services deploy/grafana/generate.py
 
 schemas: install ## Regenerate the JSON Schemas in schemas/ from the models
 	$(BIN)/python -m cronstream.shared.schemagen schemas
+
+dashboards: install ## Regenerate the Grafana dashboards in deploy/grafana/dashboards/
+	$(BIN)/python deploy/grafana/generate.py
 
 clean: ## Remove the virtualenv and caches (not the infra data)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
