@@ -80,7 +80,7 @@ class Settings(BaseModel):
     # retention_interval_seconds, retention_batch rows per transaction. 0 keeps everything.
     retention_days: Annotated[float, Field(ge=0, le=36500)] = 30
     retention_interval_seconds: Annotated[float, Field(ge=1)] = 3600
-    retention_batch: Annotated[int, Field(ge=1, le=1_000_000)] = 5000
+    retention_batch: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
     # `cronstream analytics`: global alert thresholds (a job's `alerts:` block overrides them).
     analytics_success_rate_percent: Annotated[float, Field(ge=0, le=100)] = 99
     analytics_min_runs: Annotated[int, Field(ge=1)] = 10

@@ -49,7 +49,7 @@ class _Age(click.ParamType):  # type: ignore[type-arg]
 @click.option("--older-than", "older_than", type=_Age(), required=True,
               help="Delete what is older than this: 30d, 12h, 90m, 2w.")
 @click.option("--batch", type=click.IntRange(1, 1_000_000), default=None,
-              help="Rows per transaction [CRONSTREAM_RETENTION_BATCH, default 5000].")
+              help="Rows per transaction [CRONSTREAM_RETENTION_BATCH, default 1000].")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @pass_state
 def prune(state: CliState, older_than: timedelta, batch: int | None, dry_run: bool) -> None:

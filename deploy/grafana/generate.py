@@ -20,6 +20,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,49 @@ PLATFORM = Dashboard(
 )
 
 DASHBOARDS = (OVERVIEW, JOB, DAG, PLATFORM)
+
+
+# -- what Grafana does to a panel's SQL (for the tests and the benchmark) ------------------
+
+_TIME_FILTER = re.compile(r"\$__timeFilter\(([^)]+)\)")
+_TIME_GROUP_ALIAS = re.compile(r"\$__timeGroupAlias\(([^,]+),\s*([^)]+)\)")
+_SQLSTRING = re.compile(r"\$\{(\w+):sqlstring\}")
+
+
+def expand(sql: str, start: datetime, end: datetime, interval_seconds: int,
+           variables: dict[str, str]) -> str:
+    """The SQL Grafana's PostgreSQL datasource sends for a panel: its macros
+    (`$__timeFilter`, `$__timeGroupAlias`, `$__interval`) and `${var:sqlstring}` variables
+    expanded as Grafana expands them."""
+    def literal(t: datetime) -> str:
+        return f"'{t.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}'"
+
+    def quoted(m: re.Match[str]) -> str:
+        return "'" + variables[m[1]].replace("'", "''") + "'"
+
+    sql = sql.replace("$__interval", f"'{interval_seconds}s'")
+    sql = _TIME_GROUP_ALIAS.sub(lambda m: f"floor(extract(epoch from {m[1].strip()})/{interval_seconds})"
+                                          f"*{interval_seconds} AS \"time\"", sql)
+    sql = _TIME_FILTER.sub(lambda m: f"{m[1].strip()} BETWEEN {literal(start)} AND {literal(end)}", sql)
+    return _SQLSTRING.sub(quoted, sql)
+
+
+def default_range(d: Dashboard, now: datetime) -> tuple[datetime, datetime]:
+    """The dashboard's default time range (`now-6h` … `now`) at `now`."""
+    match = re.fullmatch(r"now-(\d+)([hd])", d.time_from)
+    assert match, d.time_from
+    hours = int(match[1]) * (24 if match[2] == "d" else 1)
+    return now - timedelta(hours=hours), now
+
+
+def sql_panels() -> list[tuple[Dashboard, Sql]]:
+    return [(d, p) for d in DASHBOARDS for p in d.panels if isinstance(p, Sql)]
+
+
+def prom_exprs() -> list[tuple[str, str]]:
+    """(where, expression) of every PromQL query of every dashboard."""
+    return [(f"{d.uid}: {p.title}", expr) for d in DASHBOARDS for p in d.panels
+            if isinstance(p, Prom) for _, expr in p.exprs]
 
 
 # -- rendering ---------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 -- Retention (services/monitor/retention.py): each statement deletes one bounded batch,
 -- oldest first, in a transaction of its own, so the projection never waits long on it.
 -- Rows the projection holds right now are skipped (SKIP LOCKED) and taken next time.
+-- Rows are deleted by `= ANY (ARRAY(...))` of the batch's keys (or tuple ids, locked by the
+-- batch's FOR UPDATE within the same statement), never by a join the planner could turn
+-- into a scan of the whole table.
 
 -- name: prune_executions
 -- Executions scheduled before $1 that are finished (or have not moved since $1), with
@@ -15,12 +18,14 @@ WITH doomed AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), events AS (
-    DELETE FROM execution_events e USING doomed d
-    WHERE e.execution_id = d.execution_id
+    -- `= ANY (ARRAY(...))` rather than a join: an index lookup per doomed execution whatever
+    -- the planner thinks of the table's size (a hash join would read all of it).
+    DELETE FROM execution_events
+    WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
     RETURNING 1
 ), executions AS (
-    DELETE FROM job_executions j USING doomed d
-    WHERE j.execution_id = d.execution_id
+    DELETE FROM job_executions
+    WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM executions) AS executions, (SELECT count(*) FROM events) AS events;
@@ -28,34 +33,34 @@ SELECT (SELECT count(*) FROM executions) AS executions, (SELECT count(*) FROM ev
 -- name: prune_alerts
 -- Closed episodes and one-shot alerts raised before $1; an episode still FIRING stays.
 WITH doomed AS (
-    SELECT alert_id FROM alerts
+    SELECT ctid FROM alerts
     WHERE fired_at < $1 AND (state = 'RESOLVED' OR kind = 'EXECUTION_PERMANENTLY_FAILED')
     ORDER BY fired_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM alerts a USING doomed d WHERE a.alert_id = d.alert_id;
+DELETE FROM alerts WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
 
 -- name: prune_dag_evaluations
 WITH doomed AS (
-    SELECT run_id, job_id FROM dag_evaluations
+    SELECT ctid FROM dag_evaluations
     WHERE decided_at < $1
     ORDER BY decided_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM dag_evaluations e USING doomed d WHERE e.run_id = d.run_id AND e.job_id = d.job_id;
+DELETE FROM dag_evaluations WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
 
 -- name: prune_workers
 -- Workers OFFLINE since before $1 (a worker that comes back re-registers by heartbeat).
 WITH doomed AS (
-    SELECT worker_id FROM workers
+    SELECT ctid FROM workers
     WHERE status = 'OFFLINE' AND last_heartbeat < $1
     ORDER BY last_heartbeat
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM workers w USING doomed d WHERE w.worker_id = d.worker_id;
+DELETE FROM workers WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
 
 -- name: count_prunable
 SELECT
