@@ -19,6 +19,19 @@ $(BIN)/cronstream: pyproject.toml
 
 install: $(BIN)/cronstream ## Create the virtualenv and install cronstream with its test tools
 
+# promtool (checks deploy/prometheus/): the one in PATH, else taken from Debian's
+# `prometheus` package without installing it (no server is set up or started).
+$(BIN)/promtool: | $(BIN)/cronstream
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+	  tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null && apt-get download prometheus >/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@ && \
+	  cd / && rm -rf $$tmp; fi
+	@$@ --version | head -1
+
+promtool: $(BIN)/promtool ## Fetch promtool (for the Prometheus rules' tests)
+
 dev: install ## Run everything: Kafka, PostgreSQL, all services, the examples and a live view
 	$(BIN)/cronstream dev
 
@@ -28,7 +41,7 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install ## The whole suite (unit, integration, e2e) against real Kafka and PostgreSQL
+test: install $(BIN)/promtool ## The whole suite (unit, integration, e2e) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
@@ -39,7 +52,7 @@ test: install ## The whole suite (unit, integration, e2e) against real Kafka and
 test-unit: install ## Unit tests only (no servers)
 	$(BIN)/pytest tests/unit -q
 
-test-integration: install ## Integration and e2e tests (servers must be up: make infra-up)
+test-integration: install $(BIN)/promtool ## Integration and e2e tests (servers must be up: make infra-up)
 	$(BIN)/pytest tests/integration tests/e2e -q
 
 bench: install ## Benchmarks (figures printed and written to bench/results/)
