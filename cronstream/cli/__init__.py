@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from cronstream.cli import dev_cmd, infra_cmds, job_cmds, prune_cmd, service_cmds, view_cmds
+from cronstream.cli import (
+    alerts_cmd,
+    dev_cmd,
+    infra_cmds,
+    job_cmds,
+    prune_cmd,
+    service_cmds,
+    view_cmds,
+)
 from cronstream.cli.common import CliState, CronstreamGroup
 
 
@@ -45,7 +53,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
     ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None})
 
 
-for module in (infra_cmds, service_cmds, job_cmds, view_cmds, dev_cmd, prune_cmd):
+for module in (infra_cmds, service_cmds, job_cmds, view_cmds, dev_cmd, prune_cmd, alerts_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

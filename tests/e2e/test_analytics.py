@@ -3,6 +3,7 @@ episode, resolves once, and a restart mid-window raises no duplicate."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from cronstream.shared.records import Alert
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, eventually, produce_json, read_all, sql
+from tests.support import ServiceProcess, cli, eventually, produce_json, read_all, sql
 
 HANDLERS = ("--import", "tests.e2e.analytics_handlers")
 FAST = {
@@ -87,9 +88,13 @@ def test_a_falling_success_rate_fires_once_survives_a_restart_and_resolves_once(
     resolved = alerts(topics, "SUCCESS_RATE_LOW", "flaky")[1]
     assert resolved.alert_id == firing.alert_id
     assert resolved.evidence["success_rate_percent"] >= 80
-    row = eventually(lambda: (r := projected(topics, firing)) and r["state"] == "RESOLVED" and r, 20,
-                     message="the monitor projects the episode as RESOLVED")
-    assert row is not None
+    eventually(lambda: (r := projected(topics, firing)) and r["state"] == "RESOLVED", 20,
+               message="the monitor projects the episode as RESOLVED")
+    shown = cli(topics, "alerts", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    episode = [a for a in json.loads(shown.stdout) if a["alert_id"] == str(firing.alert_id)]
+    assert [(a["kind"], a["state"], a["job_id"]) for a in episode] == [
+        ("SUCCESS_RATE_LOW", "RESOLVED", "flaky")]
 
 
 def test_a_job_whose_duration_triples_raises_a_regression_alert(
