@@ -19,7 +19,12 @@ SELECT 'job-' || lpad(j::text, 4, '0'),
        'ALL_SUCCESS', j % 100 = 99, 'noop', '{}', 1, 10, 3600, 3600, 'normal', 'default',
        'ALLOW', 'FIRE_ONCE', 60, true,
        CASE WHEN j % 10 = 9 THEN NULL ELSE date_trunc('hour', now()) + interval '1 hour' END,
-       now(), '{}'::jsonb
+       now(),
+       jsonb_build_object('job_id', 'job-' || lpad(j::text, 4, '0'), 'handler', 'noop')
+       || CASE WHEN j % 10 = 9
+               THEN jsonb_build_object('type', 'DEPENDENT', 'requires_approval', j % 100 = 99,
+                                       'depends_on', jsonb_build_array('job-' || lpad((j - 1)::text, 4, '0')))
+               ELSE jsonb_build_object('type', 'CRON', 'schedule', '*/5 * * * *') END
 FROM generate_series(0, $1::int - 1) AS j;
 
 -- name: seed_dependencies
