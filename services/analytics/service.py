@@ -288,8 +288,9 @@ class AnalyticsService:
                 out.append((transition, self._late_alert(transition, job_id, status, th, now_ms)))
         # Subjects that vanished (a deleted job) close their episodes.
         for kind in ("SUCCESS_RATE_LOW", "DURATION_REGRESSION", "FIRE_LATE"):
+            tracked = self.ledger.jobs if kind == "FIRE_LATE" else self.windows
             for job_id in self.episodes.subjects(kind):
-                if job_id not in self.windows and job_id not in self.ledger.jobs:
+                if job_id not in tracked:
                     transition = self.episodes.evaluate(kind, job_id, False, False, now_ms)
                     assert transition is not None
                     out.append((transition, self._alert(transition, now_ms, job_id=job_id,
