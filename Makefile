@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas infra-up infra-down clean ui-screenshots
+.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -26,9 +26,18 @@ chromium: ## Install Debian's Chromium for the browser tests (once)
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium for the browser tests"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
-promtool: ## Install promtool (Debian's prometheus package) to check metrics and rules (once)
-	@command -v promtool >/dev/null 2>&1 || { echo "installing promtool (prometheus)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+# promtool (checks deploy/prometheus/): the one in PATH, else taken from Debian's
+# `prometheus` package without installing it (no server is set up or started).
+$(BIN)/promtool: | $(BIN)/cronstream
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+	  tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null && apt-get download prometheus >/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@ && \
+	  cd / && rm -rf $$tmp; fi
+	@$@ --version | head -1
+
+promtool: $(BIN)/promtool ## Fetch promtool (for the Prometheus rules' tests)
 
 dev: install ## Run everything: Kafka, PostgreSQL, all services, the examples and a live view
 	$(BIN)/cronstream dev
@@ -39,7 +48,7 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install chromium promtool ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
+test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
@@ -50,7 +59,7 @@ test: install chromium promtool ## The whole suite (unit, integration, e2e, depl
 test-unit: install ## Unit tests only (no servers)
 	$(BIN)/pytest tests/unit -q
 
-test-integration: install chromium ## Integration, e2e, deploy and browser tests (servers must be up: make infra-up)
+test-integration: install chromium $(BIN)/promtool ## Integration, e2e, deploy and browser tests (servers must be up: make infra-up)
 	$(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q
 
 test-image: install ## Build the container image with buildah and run the end-to-end test from it (root)
@@ -69,12 +78,15 @@ bench: install ## Benchmarks (figures printed and written to bench/results/)
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy
-	$(BIN)/ruff check cronstream shared services tests bench examples
+	$(BIN)/ruff check cronstream shared services tests bench examples deploy/grafana
 	$(BIN)/mypy
-	$(BIN)/mypy examples
+	$(BIN)/mypy examples deploy/grafana/generate.py
 
 schemas: install ## Regenerate the JSON Schemas in schemas/ from the models
 	$(BIN)/python -m cronstream.shared.schemagen schemas
+
+dashboards: install ## Regenerate the Grafana dashboards in deploy/grafana/dashboards/
+	$(BIN)/python deploy/grafana/generate.py
 
 clean: ## Remove the virtualenv and caches (not the infra data)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

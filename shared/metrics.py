@@ -171,6 +171,34 @@ QUEUE_DEPTH = Gauge(
 WORKERS = Gauge("cronstream_workers", "Known workers by status.", ["status"], registry=None)
 REQUEUES = Counter("cronstream_requeues", "Executions re-queued, by why.", ["reason"], registry=None)
 
+# -- analytics ----------------------------------------------------------------------------
+
+ANALYTICS_EVENTS = Counter(
+    "cronstream_analytics_events", "Execution events read by the analytics service.", registry=None
+)
+ANALYTICS_ALERTS = Counter(
+    "cronstream_analytics_alerts",
+    "Alert records the analytics service produced, by kind and state.",
+    ["kind", "state"],
+    registry=None,
+)
+ANALYTICS_OPEN = Gauge(
+    "cronstream_analytics_open_alerts", "Alert episodes open now, by kind.", ["kind"], registry=None
+)
+ANALYTICS_FIRES = Counter(
+    "cronstream_analytics_fires",
+    "Expected fires of scheduled jobs, by what became of them (the fire ledger).",
+    ["outcome"],
+    registry=None,
+)
+ANALYTICS_LATE = Gauge(
+    "cronstream_analytics_late_fires",
+    "Expected fires past their deadline and not started, by probable reason.",
+    ["reason"],
+    registry=None,
+)
+ANALYTICS_JOBS = Gauge("cronstream_analytics_jobs", "Jobs the analytics service watches.", registry=None)
+
 
 def version() -> str:
     try:
@@ -216,6 +244,14 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         QUEUE_DEPTH,
         WORKERS,
         REQUEUES,
+    ),
+    "analytics": (
+        ANALYTICS_EVENTS,
+        ANALYTICS_ALERTS,
+        ANALYTICS_OPEN,
+        ANALYTICS_FIRES,
+        ANALYTICS_LATE,
+        ANALYTICS_JOBS,
     ),
 }
 _announced: set[int] = set()

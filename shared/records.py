@@ -152,6 +152,21 @@ class Record(BaseModel):
         return cls.model_validate_json(raw, extra="forbid")
 
 
+class JobAlerts(BaseModel):
+    """A job's own alert thresholds (`alerts:` in a definition); each unset field takes the
+    analytics service's global default (`CRONSTREAM_ANALYTICS_*`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    enabled: bool = True
+    success_rate_percent: Annotated[float, Field(ge=0, le=100)] | None = None
+    min_runs: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    window_seconds: Annotated[float, Field(ge=1, le=7 * 86400)] | None = None
+    duration_factor: Annotated[float, Field(gt=1, le=1000)] | None = None
+    late_after_seconds: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
+    finish_within_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None
+
+
 class JobDefinition(Record):
     """A job as users publish it to `job-definitions` (key: job_id; null value deletes)."""
 
@@ -182,6 +197,7 @@ class JobDefinition(Record):
     enabled: bool = True
     created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
     created_at: UtcDatetime | None = None
+    alerts: JobAlerts | None = None
 
     @field_validator("timezone")
     @classmethod

@@ -86,6 +86,25 @@ class Settings(BaseModel):
     ui_identity_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")] | None = None
     ui_protect_reads: bool = False
     ui_session_key: SecretStr | None = None
+    # Retention (services/monitor/retention.py): the monitor deletes executions, their
+    # events, resolved alerts and DAG evaluations older than this, every
+    # retention_interval_seconds, retention_batch rows per transaction. 0 keeps everything.
+    retention_days: Annotated[float, Field(ge=0, le=36500)] = 30
+    retention_interval_seconds: Annotated[float, Field(ge=1)] = 3600
+    retention_batch: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    # `cronstream analytics`: global alert thresholds (a job's `alerts:` block overrides them).
+    analytics_success_rate_percent: Annotated[float, Field(ge=0, le=100)] = 99
+    analytics_min_runs: Annotated[int, Field(ge=1)] = 10
+    analytics_window_seconds: Annotated[float, Field(ge=1)] = 3600
+    analytics_duration_factor: Annotated[float, Field(gt=1)] = 2
+    analytics_recent_runs: Annotated[int, Field(ge=1, le=10_000)] = 5
+    analytics_baseline_runs: Annotated[int, Field(ge=2, le=100_000)] = 50
+    analytics_late_after_seconds: Annotated[float, Field(ge=0)] = 60
+    analytics_queue_window_seconds: Annotated[float, Field(gt=0)] = 60
+    analytics_queue_windows: Annotated[int, Field(ge=1, le=1000)] = 3
+    # How much of execution-events a (re)started analytics service replays to rebuild its
+    # windows; at least analytics_window_seconds.
+    analytics_lookback_seconds: Annotated[float, Field(ge=1)] = 3600
 
     @field_validator("log_level")
     @classmethod

@@ -14,6 +14,7 @@ from cronstream.cli import (
     infra_cmds,
     inspect_cmds,
     job_cmds,
+    prune_cmd,
     service_cmds,
     ui_cmd,
     view_cmds,
@@ -73,7 +74,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd,
-               ui_cmd):
+               ui_cmd, prune_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

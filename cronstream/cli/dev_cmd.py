@@ -65,8 +65,9 @@ def _start_services(procs: dict[str, subprocess.Popen[bytes]], folder: Path, env
     procs["monitor"] = _spawn(["monitor"], env, log_dir, "monitor")
     procs["scheduler"] = _spawn(["scheduler"], env, log_dir, "scheduler")
     procs["dispatcher"] = _spawn(["dispatcher"], env, log_dir, "dispatcher")
+    procs["analytics"] = _spawn(["analytics"], env, log_dir, "analytics")
     imports = [p.stem for p in folder.glob("*.py")]
-    ports = {name: SERVICE_PORTS[name] for name in ("monitor", "scheduler", "dispatcher")}
+    ports = {name: SERVICE_PORTS[name] for name in ("monitor", "scheduler", "dispatcher", "analytics")}
     for i in range(1, n_workers + 1):
         # Workers side by side: the first on the worker default, the others above the UI's.
         port = SERVICE_PORTS["worker"] if i == 1 else WORKER_PORT_BASE + i

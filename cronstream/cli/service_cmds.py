@@ -1,4 +1,4 @@
-"""The four services, each in the foreground: `scheduler`, `dispatcher`, `worker`, `monitor`."""
+"""The services, each in the foreground: `scheduler`, `dispatcher`, `worker`, `monitor`, `analytics`."""
 
 from __future__ import annotations
 
@@ -113,4 +113,18 @@ def monitor(state: CliState, instance_id: str | None, http_port: int | None,
     sys.exit(run_service(MonitorService(settings), settings))
 
 
-COMMANDS = [scheduler, dispatcher, worker, monitor]
+@click.command()
+@instance_option
+@http_options("analytics")
+@pass_state
+def analytics(state: CliState, instance_id: str | None, http_port: int | None,
+              http_bind: str | None) -> None:
+    """Run the analytics service: windowed alerts (success rate, duration regression,
+    queue growth, late fires) on the alerts topic. Run one instance."""
+    from cronstream.services.analytics.service import AnalyticsService
+
+    settings = state.settings(instance_id=instance_id, http_port=http_port, http_bind=http_bind)
+    sys.exit(run_service(AnalyticsService(settings), settings))
+
+
+COMMANDS = [scheduler, dispatcher, worker, monitor, analytics]

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import asyncpg
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
@@ -38,15 +38,15 @@ from cronstream.shared.db import query
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
     ConsumerThread,
-    consumer_config,
     producer_config,
     reader_config,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
-from cronstream.shared.records import PRIORITIES, JobDefinition, now_utc
+from cronstream.shared.records import JobDefinition, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.settings import Settings
+from cronstream.shared.work_lag import WorkLag
 
 logger = logging.getLogger(__name__)
 
@@ -211,31 +211,11 @@ class Housekeeping:
             metrics.WORKERS.labels(status=status).set(counts.get(status, 0))
 
     def _work_lag(self) -> list[tuple[str, str, int]]:
-        # A consumer of the workers' group that never subscribes: it only reads the group's
-        # committed offsets (it does not join the group).
-        conf = consumer_config(self.settings, f"monitor-{self.instance}-lag",
-                               f"{self.topics.prefix}workers")
-        conf.pop("stats_cb", None)
-        conf["statistics.interval.ms"] = 0
-        reader = Consumer(conf)
+        lag = WorkLag(self.settings, f"monitor-{self.instance}-lag")
         try:
-            prefix = f"{self.topics.prefix}work."
-            out = []
-            for name, topic in reader.list_topics(timeout=10).topics.items():
-                if not name.startswith(prefix):
-                    continue
-                priority, _, queue = name[len(prefix):].partition(".")
-                if priority not in PRIORITIES:
-                    continue
-                tps = [TopicPartition(name, p) for p in topic.partitions]
-                lag = 0
-                for tp in reader.committed(tps, timeout=10):
-                    low, high = reader.get_watermark_offsets(TopicPartition(name, tp.partition), 10)
-                    lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
-                out.append((priority, queue, lag))
-            return out
+            return lag.measure()
         except KafkaException as exc:
             log(logger, "queue_depth_unavailable", logging.WARNING, error=str(exc))
             return []
         finally:
-            reader.close()
+            lag.close()

@@ -6,7 +6,8 @@ Consumes `execution-events`, `heartbeats`, `job-definitions`, `commands` and `al
 - store.py: the fenced projection, one PostgreSQL transaction per batch with its offsets;
 - advance.py: DAG advancement and approvals, decided once inside that transaction;
 - outbound.py: every record the monitor publishes;
-- housekeeping.py: dead workers (fenced, then re-queued), orphans, next runs, figures.
+- housekeeping.py: dead workers (fenced, then re-queued), orphans, next runs, figures;
+- retention.py: old executions, events and alerts deleted in bounded batches.
 
 What a batch publishes (DAG steps, decisions, alerts, dead letters) is produced and
 flushed *before* its PostgreSQL commit: after a crash the batch is projected again and the
@@ -33,6 +34,7 @@ from cronstream.services.monitor.advance import DagAdvancer, Decisions
 from cronstream.services.monitor.decoding import Decoder, MonitorBatch
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
+from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore
 from cronstream.shared import metrics
 from cronstream.shared.health import Health
@@ -113,7 +115,9 @@ class MonitorService:
             writer = self._writer = asyncio.create_task(self._write_batches())
             tasks = [writer, asyncio.create_task(supervise(
                 "housekeeping", partial(self._housekeeping, housekeeping, stopping),
-                self.health, stopping))]
+                self.health, stopping)), asyncio.create_task(supervise(
+                    "retention", partial(retention_loop, pool, self.settings, stopping),
+                    self.health, stopping))]
             log(logger, "monitor_started", instance=self.instance)
             while not stopping.is_set() and not writer.done():
                 if self._kafka_offsets:

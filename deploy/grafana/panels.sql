@@ -1,0 +1,157 @@
+-- The SQL of every PostgreSQL panel of the Grafana dashboards (deploy/grafana/generate.py
+-- puts each block into its panel). `-- name: x` starts a block. Grafana expands the
+-- macros ($__timeFilter, $__timeGroupAlias, $__interval) and the variables
+-- (${job:sqlstring} is the variable quoted as an SQL string). Every block is run against
+-- a database of 1,000 jobs and 1,000,000 executions by tests/integration/test_dashboards.py,
+-- which checks its columns and that its plan uses an index.
+
+-- name: overview_alerts_firing
+SELECT fired_at AS "time", kind, severity, COALESCE(job_id, 'queue:' || queue) AS subject, summary
+FROM alerts
+WHERE state = 'FIRING'
+ORDER BY fired_at DESC
+LIMIT 100;
+
+-- name: overview_jobs
+-- Every job with its last status, next run and 24 h success rate (the product's job list).
+SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
+                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                                  array_to_string(d.depends_on, ',')) AS schedule,
+       d.enabled, last.status AS last_status, last.scheduled_at AS last_run,
+       d.next_execution_at AS next_run,
+       round(100.0 * stats.succeeded / NULLIF(stats.finished, 0), 1) AS success_rate_24h
+FROM job_definitions d
+LEFT JOIN LATERAL (
+    SELECT status, scheduled_at FROM job_executions e
+    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
+                                              'PERMANENTLY_FAILED')) AS finished,
+           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
+    FROM job_executions e
+    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
+WHERE d.deleted_at IS NULL
+ORDER BY d.job_id;
+
+-- name: overview_executions_by_status
+SELECT $__timeGroupAlias(scheduled_at, $__interval), status AS metric, count(*) AS value
+FROM job_executions
+WHERE $__timeFilter(scheduled_at)
+GROUP BY 1, 2
+ORDER BY 1;
+
+-- name: overview_success_rate
+SELECT $__timeGroupAlias(completed_at, $__interval),
+       100.0 * count(*) FILTER (WHERE status = 'COMPLETED')
+           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
+                                                      'PERMANENTLY_FAILED')), 0) AS success_rate
+FROM job_executions
+WHERE $__timeFilter(completed_at) AND completed_at IS NOT NULL
+GROUP BY 1
+ORDER BY 1;
+
+-- name: overview_duration_percentiles
+SELECT $__timeGroupAlias(completed_at, $__interval),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p95,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p99
+FROM job_executions
+WHERE $__timeFilter(completed_at) AND completed_at IS NOT NULL AND status = 'COMPLETED'
+GROUP BY 1
+ORDER BY 1;
+
+-- name: job_stats
+SELECT finished, success_rate_percent, duration_p50_seconds, duration_p95_seconds,
+       duration_p99_seconds
+FROM job_stats_24h
+WHERE job_id = ${job:sqlstring};
+
+-- name: job_next_fire
+SELECT next_execution_at AS next_run, type, COALESCE(schedule, interval_seconds::text || 's') AS schedule,
+       timezone, enabled, misfire_policy, concurrency_policy
+FROM job_definitions
+WHERE job_id = ${job:sqlstring};
+
+-- name: job_runs
+SELECT scheduled_at AS "time", execution_id, status, attempt_number AS attempt,
+       extract(epoch FROM completed_at - started_at) AS duration_seconds,
+       extract(epoch FROM started_at - scheduled_at) AS start_lag_seconds, progress,
+       progress_message, worker_id, error_message
+FROM job_executions
+WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at)
+ORDER BY scheduled_at DESC
+LIMIT 500;
+
+-- name: job_success_rate
+SELECT $__timeGroupAlias(scheduled_at, $__interval),
+       100.0 * count(*) FILTER (WHERE status = 'COMPLETED')
+           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
+                                                      'PERMANENTLY_FAILED')), 0) AS success_rate
+FROM job_executions
+WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at)
+GROUP BY 1
+ORDER BY 1;
+
+-- name: job_durations
+SELECT $__timeGroupAlias(scheduled_at, $__interval),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p95,
+       max(attempt_number) AS max_attempt
+FROM job_executions
+WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at) AND status = 'COMPLETED'
+GROUP BY 1
+ORDER BY 1;
+
+-- name: job_alerts
+SELECT fired_at AS "time", kind, state, severity, summary, resolved_at
+FROM alerts
+WHERE job_id = ${job:sqlstring}
+ORDER BY fired_at DESC
+LIMIT 50;
+
+-- name: dag_runs
+-- Runs of a root job in the time range, with how their downstream steps ended.
+SELECT r.scheduled_at AS "time", r.run_id, r.status AS root_status,
+       count(s.execution_id) AS steps,
+       count(s.execution_id) FILTER (WHERE s.status = 'COMPLETED') AS completed,
+       count(s.execution_id) FILTER (WHERE s.status = 'SKIPPED') AS skipped,
+       count(s.execution_id) FILTER (WHERE s.status IN ('FAILED', 'TIMED_OUT',
+                                                        'PERMANENTLY_FAILED')) AS failed,
+       count(s.execution_id) FILTER (WHERE s.status = 'AWAITING_APPROVAL') AS awaiting_approval
+FROM job_executions r
+LEFT JOIN job_executions s ON s.run_id = r.run_id AND s.job_id <> r.job_id
+WHERE r.job_id = ${root:sqlstring} AND r.attempt_number = 1 AND $__timeFilter(r.scheduled_at)
+GROUP BY r.scheduled_at, r.run_id, r.status
+ORDER BY r.scheduled_at DESC
+LIMIT 100;
+
+-- name: dag_steps
+-- Each step of one run: its status, and what the DAG evaluation decided and why.
+SELECT e.job_id AS step, e.status, e.attempt_number AS attempt, e.scheduled_at, e.started_at,
+       e.completed_at, d.decision, d.detail, e.approved_by, e.rejected_by, e.error_message
+FROM job_executions e
+LEFT JOIN dag_evaluations d ON d.run_id = e.run_id AND d.job_id = e.job_id
+WHERE e.run_id = ${run:sqlstring}::uuid
+ORDER BY e.scheduled_at, e.job_id;
+
+-- name: dag_awaiting_approval
+SELECT scheduled_at AS "time", job_id, run_id, execution_id,
+       extract(epoch FROM now() - scheduled_at) AS waiting_seconds
+FROM job_executions
+WHERE status = 'AWAITING_APPROVAL'
+ORDER BY scheduled_at;
+
+-- name: var_jobs
+SELECT job_id FROM job_definitions WHERE deleted_at IS NULL ORDER BY job_id;
+
+-- name: var_roots
+SELECT DISTINCT d.job_id FROM job_definitions d
+JOIN job_dependencies dep ON dep.upstream_job_id = d.job_id
+WHERE d.deleted_at IS NULL AND d.type <> 'DEPENDENT'
+ORDER BY 1;
+
+-- name: var_runs
+SELECT run_id::text FROM job_executions
+WHERE job_id = ${root:sqlstring} AND attempt_number = 1
+ORDER BY scheduled_at DESC
+LIMIT 50;

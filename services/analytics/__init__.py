@@ -1,0 +1,1 @@
+"""`cronstream analytics`: windowed alerts from the public execution-events stream."""
