@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.kafka import delete_topics, ensure_topics
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess
 
@@ -92,6 +92,7 @@ class BenchSystem:
                 await conn.close()
 
         asyncio.run(drop())
+        delete_topics(self.settings)
 
 
 def write_result(name: str, figures: dict[str, Any]) -> Path:

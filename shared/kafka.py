@@ -11,6 +11,7 @@ the inbound path (decode, validate, dead-letter) in `shared/inbound.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -342,6 +343,18 @@ def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float
                 raise
     _wait_for_metadata(admin, [s.name for s in missing], timeout)
     return created
+
+
+def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Delete every topic of the settings' prefix (tests and benchmarks clean up with it)."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    names = [n for n in admin.list_topics(timeout=timeout).topics if n.startswith(settings.topic_prefix)]
+    if not names or not settings.topic_prefix:
+        return []
+    for future in admin.delete_topics(names, operation_timeout=timeout).values():
+        with contextlib.suppress(KafkaException):
+            future.result()
+    return names
 
 
 def _wait_for_metadata(admin: AdminClient, names: list[str], timeout: float) -> None:

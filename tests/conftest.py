@@ -20,7 +20,7 @@ import pytest
 
 from cronstream.infra.process import answers
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.kafka import delete_topics, ensure_topics
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess
 
@@ -149,9 +149,11 @@ def database_url(template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(servers: tuple[str, str], database_url: str) -> Settings:
+def settings(servers: tuple[str, str], database_url: str) -> Iterator[Settings]:
+    """A unique topic prefix (its topics are deleted afterwards: a broker keeps files open
+    for every partition, and a run creates thousands) and a fresh database."""
     kafka, _ = servers
-    return Settings(
+    made = Settings(
         kafka_bootstrap_servers=kafka,
         database_url=database_url,
         topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
@@ -161,6 +163,8 @@ def settings(servers: tuple[str, str], database_url: str) -> Settings:
         scheduler_session_timeout_ms=3000,
         worker_drain_grace_seconds=10,
     )
+    yield made
+    delete_topics(made)
 
 
 @pytest.fixture
