@@ -23,6 +23,9 @@ strings for times; an unknown field is an error naming it): a bad one raises
 Definitions are read from the `job-definitions` topic (the source of truth, Kafka only);
 executions from the monitor's PostgreSQL projection. `UnavailableError` means Kafka or
 PostgreSQL cannot be reached within `timeout` seconds.
+
+Why one module of this size: the SDK surface is two mirrors, `AsyncClient` and the
+thread-safe `Client` that delegates to it, kept side by side so that they cannot drift.
 """
 
 from __future__ import annotations

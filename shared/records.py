@@ -14,6 +14,10 @@ Python.
 
 Execution states and who moves an execution out of each: `shared/statuses.py`
 (`Status`, one member per status with its meaning; the derived sets TERMINAL, FINAL...).
+
+Why one module of this size: it is the whole wire contract — every record a topic
+carries, its limits and its validation — and `schemas/` mirrors it file for file;
+splitting it would scatter what a reviewer must read together.
 """
 
 from __future__ import annotations

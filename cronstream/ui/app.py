@@ -3,6 +3,9 @@
 Pages are read-only views of the projection (`views.py` builds what they show);
 state-changing requests are POSTs that need an identity and, for ambient credentials,
 a CSRF token (`auth.py`), and publish through `actions.py`.
+
+Why one module of this size: the route table of every page, each a few lines over
+views.py (queries), present.py (formatting) and the templates.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ changes state here, so a crash in between repeats it at most once, with the same
 Garbage: the monitor dead-letters undecodable `execution-events` and the scheduler
 undecodable `job-definitions`; this service, which replays the log at every start, would
 only copy them again. It logs them (`action=record_skipped`) and goes on.
+
+Why one module of this size: the consume loop and the windows it feeds share one state;
+the judgements are pure modules (windows.py, ledger.py, queues.py, episodes.py).
 """
 
 from __future__ import annotations

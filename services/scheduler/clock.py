@@ -20,6 +20,9 @@ the job lifts the suspension.
 Hot path: a fire's JobDue and state records are rendered straight to JSON from cached
 per-job fragments (`render_due`, `render_state`) — byte for byte what the pydantic
 models would produce (a unit test holds them to it) at a fraction of the cost.
+
+Why one module of this size: planning, committing and restoring a fire share the timer
+heap and the job table; the pure core stays whole so its unit tests read it whole.
 """
 
 from __future__ import annotations

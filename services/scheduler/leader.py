@@ -25,15 +25,15 @@ import contextlib
 import logging
 import time
 from typing import Any
-from uuid import UUID, uuid5
+from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from opentelemetry.trace import Span, Status, StatusCode
 
-from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
+from cronstream.services.scheduler.clock import Clock
+from cronstream.services.scheduler.outbound import LeaderRecords
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.codec import DecodeError, decode, decode_key
-from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.inbound import dead_letter
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
@@ -48,7 +48,7 @@ from cronstream.shared.kafka import (
 )
 from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionalProducer
-from cronstream.shared.records import Alert, JobDefinition, RetryRequest, now_utc
+from cronstream.shared.records import JobDefinition, RetryRequest
 from cronstream.shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -85,12 +85,8 @@ class Leader:
         self._wake = asyncio.Event()
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
-        # Trace headers of each pending retry (the failed attempt's run span: a link).
-        self._retry_headers: dict[str, list[tuple[str, bytes]]] = {}
+        self.out = LeaderRecords(self.topics, self.clock)
         self._fire_spans: list[Span] = []
-        # State records that no fire caused share one trace per round (a million of them
-        # at a first takeover: one context, not a million).
-        self._batch_headers = telemetry.new_headers()
         self._retries_reader: ConsumerThread | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -224,8 +220,8 @@ class Leader:
             except DecodeError as exc:
                 records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
         self._unprocessed.clear()
-        records += [self._state_record(c) for c in self.clock.reconcile()]
-        records += self._suspension_alerts()
+        records += [self.out.state(c) for c in self.clock.reconcile()]
+        records += self.out.suspension_alerts()
         records += self._pending_fixes
         self._pending_fixes = []
         offsets = [TopicPartition(tp.topic, 0, last_offset + 1)] if last_offset >= 0 else None
@@ -262,7 +258,7 @@ class Leader:
             return
         if msg.value() is None:
             self.clock.cancel_retry(key)
-            self._retry_headers.pop(str(key), None)
+            self.out.retry_headers.pop(str(key), None)
             return
         try:
             request = decode(RetryRequest, msg.value(), key=msg.key(), key_field="execution_id")
@@ -272,7 +268,7 @@ class Leader:
             self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         self.clock.add_retry(request)
-        self._retry_headers[str(request.execution_id)] = telemetry.carried(msg.headers())
+        self.out.retry_headers[str(request.execution_id)] = telemetry.carried(msg.headers())
 
     async def _consume_retries(self) -> None:
         """Follow `retries` for the term. Should it fail, the term fails with it (the service
@@ -314,62 +310,23 @@ class Leader:
                 continue
             await self._round(now)
 
-    def _definition_records(self, msgs: list[Message]) -> list[OutRecord]:
-        records: list[OutRecord] = []
-        for msg in msgs:
-            try:
-                records += self._definition_record(msg, len(msgs) > 10)
-            except Exception as exc:  # one record never stops the leader
-                records.append(dead_letter(self.topics, msg, f"{type(exc).__name__}: {exc}", SERVICE))
-        if len(msgs) > 10:
-            log(logger, "definitions_applied", count=len(msgs), last_offset=msgs[-1].offset())
-        return records
-
-    def _definition_record(self, msg: Message, quiet: bool) -> list[OutRecord]:
-        """The records one definition turns into: its state, or a dead letter (an invalid
-        definition suspends its job until a valid one replaces it)."""
-        records: list[OutRecord] = []
-        try:
-            job_id = decode_key(msg.key())
-        except DecodeError as exc:
-            return [dead_letter(self.topics, msg, str(exc), SERVICE)]
-        value = msg.value()
-        definition = None
-        if value is not None:
-            try:
-                definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
-                problem = self.clock.dag_problem(definition)
-                if problem is not None:
-                    definition = None
-                    raise DecodeError(f"invalid DAG: {problem}")
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
-        change = self.clock.apply_definition(
-            job_id, definition, value, position(msg)[2], record_time_ms(msg))
-        records.append(self._state_record(change))
-        log(logger, "definition_applied" if value is not None else "definition_deleted",
-            logging.DEBUG if quiet else logging.INFO,
-            job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,
-            next_fire_ms=change.next_fire_ms)
-        return records
-
     async def _round(self, now_ms: int) -> None:
         async with self._txn_lock:
             if not self._active:
                 return
-            self._batch_headers = telemetry.new_headers()
+            self.out.new_round()
             # Bounded: a bulk upload of definitions takes several short transactions.
             defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
             del self._pending_defs[:DEFINITIONS_PER_ROUND]
-            records = self._definition_records(defs)
+            records = self.out.definitions(defs)
             records += self._pending_fixes
             self._pending_fixes = []
             offsets = None
             if defs:
                 offsets = [TopicPartition(self.topics.job_definitions, 0, position(defs[-1])[2] + 1)]
             plan = self.clock.plan(now_ms, FIRE_LIMIT)
-            records += self._plan_records(plan)
-            records += self._suspension_alerts()
+            records += self.out.fires(plan, self._fire_spans)
+            records += self.out.suspension_alerts()
             planned_ms = time_ms()
             spans, self._fire_spans = self._fire_spans, []
             try:
@@ -383,7 +340,7 @@ class Leader:
             for span in spans:
                 span.end()
             for key in plan.fired_retries:
-                self._retry_headers.pop(str(key), None)
+                self.out.retry_headers.pop(str(key), None)
             self.clock.commit(plan)
             metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
             metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
@@ -401,52 +358,6 @@ class Leader:
                     plan_ms=planned_ms - now_ms, commit_ms=committed_ms - planned_ms,
                     first_job_id=plan.dues[0].job_id,
                     first_scheduled_ms=plan.dues[0].scheduled_ms)
-
-    def _plan_records(self, plan: FirePlan) -> list[OutRecord]:
-        """The plan's records; each fire is the root span of its execution's trace (a
-        retry's links to the attempt that failed), and the job's state record carries it."""
-        records: list[OutRecord] = []
-        by_job: dict[str, list[tuple[str, bytes]]] = {}
-        topic = self.topics.job_due
-        tracing = telemetry.recording()
-        for due in plan.dues:
-            retry = self._retry_headers.get(due.execution_id)
-            span = telemetry.root(
-                "cronstream.fire",
-                telemetry.messaging(topic, job_id=due.job_id, execution_id=due.execution_id,
-                                    reason="RETRY" if retry is not None else "SCHEDULE")
-                if tracing else None,
-                links=telemetry.link_to(retry) if retry is not None else ())
-            self._fire_spans.append(span)
-            headers = by_job[due.job_id] = telemetry.headers_of(span)
-            records.append(OutRecord(topic, due.job_id.encode(), due.value, headers))
-        records += [self._state_record(c, by_job.get(c.job_id)) for c in plan.states]
-        records += [OutRecord(self.topics.retries, str(k).encode(), None,
-                              self._retry_headers.get(str(k))) for k in plan.fired_retries]
-        return records
-
-    def _suspension_alerts(self) -> list[OutRecord]:
-        """An alert for each job the clock suspended since the last call (at least once:
-        the alert id is deterministic per job and definition offset)."""
-        found, self.clock.suspensions = self.clock.suspensions, []
-        metrics.SCHEDULER_SUSPENDED.set(len(self.clock.suspended))
-        records = []
-        for job_id, offset, reason in found:
-            now = now_utc()
-            alert = Alert(
-                alert_id=uuid5(NAMESPACE, f"alert|JOB_SUSPENDED|{job_id}|{offset}"),
-                kind="JOB_SUSPENDED", severity="error", job_id=job_id,
-                summary=f"job {job_id} is suspended: its definition cannot be scheduled",
-                error_message=reason[:2000], evidence={"definition_offset": offset},
-                occurred_at=now, raised_at=now)
-            records.append(OutRecord(self.topics.alerts, alert.key, alert.to_json(),
-                                     telemetry.new_headers()))
-        return records
-
-    def _state_record(self, change: StateChange, headers: list[tuple[str, bytes]] | None = None
-                      ) -> OutRecord:
-        return OutRecord(self.topics.scheduler_state, change.job_id.encode(), change.value,
-                         headers or self._batch_headers)
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
         if not records and not offsets:

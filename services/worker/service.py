@@ -18,6 +18,10 @@ between, it did, and the starts go ahead; otherwise nothing starts and the recor
 read again. (Should the rare ambiguous case — a rebalance in the middle — leave an
 execution RUNNING that nobody runs, the monitor re-queues it: it is missing from this
 worker's heartbeats.)
+
+Why one module of this size: the poll loop, the transaction of each turn and the drain
+share the worker's in-flight state (buffer, running, finished); what could leave it did
+(executions.py, heartbeats.py, commands.py, pool.py).
 """
 
 from __future__ import annotations
