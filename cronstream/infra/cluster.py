@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from cronstream.infra.kafka import KAFKA_VERSION, KafkaBroker
+from cronstream.infra.kafka import KafkaBroker
 from cronstream.infra.process import alive, answers, read_pid, spawn, terminate, wait_until
 
 HEAP = ["-Xms128m", "-Xmx384m"]
@@ -91,7 +91,7 @@ class KafkaNode:
 class KafkaCluster:
     """`size` combined nodes on free ports under `base`; jars from the shared cache `libs`."""
 
-    def __init__(self, base: Path, libs: Path, size: int = 3, replication: int = 3,
+    def __init__(self, base: Path, libs: Path, *, size: int = 3, replication: int = 3,
                  min_insync_replicas: int = 2, host: str = "127.0.0.1") -> None:
         if not 1 <= min_insync_replicas <= replication <= size:
             raise ValueError("need 1 <= min_insync_replicas <= replication <= size")

@@ -133,7 +133,7 @@ def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
                         f"{_sample([(r['execution_id'], list(r['statuses'])) for r in not_once], 3)}")
     if no_terminal:
         problems.append(f"{len(no_terminal)} executions never reached a terminal status: "
-                        f"{_sample([(e, by_id[e]['status']) for e in no_terminal])}")
+                        f"{_sample([(str(e), by_id[e]['status'], by_id[e]['worker_id']) for e in no_terminal])}")
     twice = sql(url, q("ran_twice_at_one_delivery"), job_ids)
     result.figures["ran_twice_at_one_delivery"] = len(twice)
     if twice:

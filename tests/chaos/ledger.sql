@@ -2,7 +2,7 @@
 
 -- name: executions_of_jobs
 SELECT execution_id, job_id, scheduled_at, status, attempt_number, delivery, error_message,
-       completed_at
+       completed_at, worker_id
 FROM job_executions
 WHERE job_id = ANY($1::text[]);
 
