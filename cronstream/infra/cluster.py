@@ -213,12 +213,19 @@ class KafkaCluster:
 
     def leaders(self, topics: list[str]) -> dict[tuple[str, int], int]:
         """The leader node of every partition of `topics` (-1: none)."""
+        return {tp: leader for tp, (leader, _replicas) in self._partitions(topics).items()}
+
+    def replicas(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """How many replicas every partition of `topics` has."""
+        return {tp: len(replicas) for tp, (_leader, replicas) in self._partitions(topics).items()}
+
+    def _partitions(self, topics: list[str]) -> dict[tuple[str, int], tuple[int, list[int]]]:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": 2000})
         metadata = admin.list_topics(timeout=10)
-        return {(name, p.id): p.leader for name in topics if name in metadata.topics
-                for p in metadata.topics[name].partitions.values()}
+        return {(name, p.id): (p.leader, list(p.replicas)) for name in topics
+                if name in metadata.topics for p in metadata.topics[name].partitions.values()}
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop every node: SIGTERM to all at once (one by one, the last nodes would wait
