@@ -158,5 +158,12 @@ def recovery(url: str, job_ids: list[str], fault_end: datetime) -> dict[str, flo
     }
 
 
-def requeues(url: str, job_ids: list[str]) -> list[dict[str, Any]]:
-    return [dict(r) for r in sql(url, q("requeues"), job_ids)]
+def requeue_after_death(url: str, job_ids: list[str], worker_id: str,
+                        died_at: datetime) -> tuple[int, int, float | None]:
+    """What `worker_id` was running when it died, how much of it was re-queued, and the
+    seconds until the last of it was: (running, requeued, seconds)."""
+    running = [r["execution_id"] for r in sql(url, q("running_on_worker_at"), job_ids, worker_id,
+                                              died_at)]
+    requeued = sql(url, q("first_requeue_after"), running, died_at) if running else []
+    seconds = max(((r["requeued_at"] - died_at).total_seconds() for r in requeued), default=None)
+    return len(running), len(requeued), None if seconds is None else round(seconds, 3)

@@ -44,3 +44,22 @@ FROM job_executions
 WHERE job_id = ANY($1::text[]) AND scheduled_at > $2 AND status = 'COMPLETED'
   AND attempt_number = 1
 GROUP BY job_id;
+
+-- name: running_on_worker_at
+-- What a worker was running at an instant: its RUNNING events before it, with no terminal
+-- or REQUEUED event of the same or a later delivery before it.
+SELECT r.execution_id
+FROM execution_events r
+WHERE r.job_id = ANY($1::text[]) AND r.status = 'RUNNING' AND r.worker_id = $2
+  AND r.occurred_at <= $3
+  AND NOT EXISTS (
+      SELECT 1 FROM execution_events e
+      WHERE e.execution_id = r.execution_id AND e.delivery >= r.delivery AND e.occurred_at <= $3
+        AND e.status IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
+                         'SKIPPED', 'REQUEUED'));
+
+-- name: first_requeue_after
+SELECT execution_id, min(occurred_at) AS requeued_at
+FROM execution_events
+WHERE execution_id = ANY($1::uuid[]) AND status = 'REQUEUED' AND occurred_at > $2
+GROUP BY execution_id;
