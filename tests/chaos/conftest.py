@@ -8,13 +8,14 @@ finalisers, on failure too.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import ChaosRun
+from tests.chaos.harness import RESULTS, ChaosRun
 from tests.chaos.servers import ChaosCluster, ChaosKafka, ChaosPostgres, chaos_dir, remove
 
 # Each test runs a window of load, a fault and the settling after it.
@@ -71,9 +72,10 @@ RunFactory = Callable[..., ChaosRun]
 
 @pytest.fixture
 def chaos_run(request: pytest.FixtureRequest, chaos_kafka: ChaosKafka,
-              chaos_postgres: ChaosPostgres, tmp_path: Path) -> Iterator[RunFactory]:
+              chaos_postgres: ChaosPostgres) -> Iterator[RunFactory]:
     """make(name, bootstrap_servers=None, replication=None): a ChaosRun on the session's
-    broker (or the given cluster) with a fresh database, closed at teardown."""
+    broker (or the given cluster) with a fresh database, closed at teardown. Service logs
+    go to bench/results/chaos/logs/<name>/<service>.<incarnation>.log."""
     for server in (chaos_kafka, chaos_postgres):
         if not server.running():  # a previous test failed mid-fault
             server.start()
@@ -82,7 +84,11 @@ def chaos_run(request: pytest.FixtureRequest, chaos_kafka: ChaosKafka,
     def make(name: str, bootstrap_servers: str | None = None,
              replication: int | None = None) -> ChaosRun:
         url = chaos_postgres.create_database(f"chaos_{uuid.uuid4().hex[:10]}")
-        run = ChaosRun(name, bootstrap_servers or chaos_kafka.bootstrap_servers, url, tmp_path,
+        # The logs outlive the test (pytest's tmp dirs rotate): the last run of each fault.
+        log_dir = RESULTS / "logs" / name
+        shutil.rmtree(log_dir, ignore_errors=True)
+        log_dir.mkdir(parents=True)
+        run = ChaosRun(name, bootstrap_servers or chaos_kafka.bootstrap_servers, url, log_dir,
                        replication)
         runs.append(run)
         return run

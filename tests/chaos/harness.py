@@ -267,4 +267,4 @@ class ChaosRun:
 
 def _last_error(exit_: Exit) -> str | None:
     lines = exit_.error_lines()
-    return lines[-1][:300] if lines else None
+    return lines[-1] if lines else None

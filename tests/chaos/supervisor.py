@@ -47,8 +47,11 @@ class Exit:
     log_path: Path
 
     def error_lines(self) -> list[str]:
+        """The clear error lines of this incarnation, each cut to its head and its end (a
+        traceback's last line names the exception)."""
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return [line[:300] for line in text.splitlines() if _ERROR_LINE.match(line)]
+        return [line if len(line) < 400 else f"{line[:150]} … {line[-250:]}"
+                for line in text.splitlines() if _ERROR_LINE.match(line)]
 
     def describe(self) -> str:
         how = f"induced {self.induced}" if self.induced else self.reason
