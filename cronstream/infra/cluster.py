@@ -114,7 +114,8 @@ class KafkaCluster:
     def _logging_opt(self, node: KafkaNode) -> str:
         return f"-Dlog4j2.configurationFile=file:{node.home / 'log4j2.properties'}"
 
-    def _prepare(self, node: KafkaNode) -> Path:
+    def write_config(self, node: KafkaNode) -> Path:
+        """Render the node's server.properties and log4j2.properties; return the former."""
         node.home.mkdir(parents=True, exist_ok=True)
         files = resources.files("cronstream.deploy")
         props = node.home / "server.properties"
@@ -148,7 +149,7 @@ class KafkaCluster:
         # The jars: the same cache as the development broker (downloaded once).
         KafkaBroker(self.libs.parent, self.host, 0).ensure_jars()
         for node in self.nodes.values():
-            props = self._prepare(node)
+            props = self.write_config(node)
             if not (node.data / "meta.properties").exists():
                 self._format(node, props)
         for node_id in self.nodes:
