@@ -96,6 +96,7 @@ class ChaosRun:
         self.recoveries: list[Recovery] = []
         self.figures: dict[str, Any] = {}
         self.started = time.monotonic()
+        self._admin: AdminClient | None = None
 
     # -- the system ---------------------------------------------------------------------
 
@@ -173,7 +174,9 @@ class ChaosRun:
         """Whether a partition of `topics` has a transaction nobody finishes: its last
         stable offset stays below its high watermark for `watch` seconds under load (a
         producer killed inside a transaction; a live one commits within milliseconds)."""
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
+        admin = self._admin
         metadata = admin.list_topics(timeout=10)
         tps = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
 

@@ -3,6 +3,7 @@ transaction), and SIGTERM / SIGINT to a worker's whole process group."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -35,7 +36,7 @@ def _busy(run: ChaosRun, name: str) -> bool:
     return False
 
 
-def _stop_inside_a_transaction(run: ChaosRun, name: str, tries: int = 8) -> bool:
+def _stop_inside_a_transaction(run: ChaosRun, name: str, tries: int = 12) -> bool:
     """SIGSTOP the worker until it is caught with a transaction open (its records on
     `execution-events` pin the partition's last stable offset while everyone else commits),
     SIGCONT it between tries. Returns whether it was caught; it is left stopped either way,
@@ -44,13 +45,15 @@ def _stop_inside_a_transaction(run: ChaosRun, name: str, tries: int = 8) -> bool
     for attempt in range(tries):
         pid = run.supervisor.pid(name)
         assert pid is not None, f"{name} is not running"
+        # Fires are on whole seconds: a worker's start transactions follow them by tens of
+        # milliseconds. Stop it at a random point of that stretch (placement, not a wait).
+        now = time.time()
+        time.sleep(math.ceil(now) - now + random.uniform(0.02, 0.3))
         os.kill(pid, signal.SIGSTOP)
-        if run.dangling_transaction(watched, watch=1.0):
+        if run.dangling_transaction(watched, watch=0.6):
             return True
         if attempt < tries - 1:
             os.kill(pid, signal.SIGCONT)
-            # Catch it at another point of its turn next time (placement, not a wait).
-            time.sleep(random.uniform(0.05, 0.4))
     return False
 
 
