@@ -71,7 +71,7 @@ RunFactory = Callable[..., ChaosRun]
 
 
 @pytest.fixture
-def chaos_run(request: pytest.FixtureRequest, chaos_kafka: ChaosKafka,
+def chaos_run(chaos_kafka: ChaosKafka,
               chaos_postgres: ChaosPostgres) -> Iterator[RunFactory]:
     """make(name, bootstrap_servers=None, replication=None): a ChaosRun on the session's
     broker (or the given cluster) with a fresh database, closed at teardown. Service logs
