@@ -97,6 +97,7 @@ class ChaosRun:
         self.figures: dict[str, Any] = {}
         self.started = time.monotonic()
         self._admin: AdminClient | None = None
+        self._partitions: list[TopicPartition] = []
 
     # -- the system ---------------------------------------------------------------------
 
@@ -170,15 +171,17 @@ class ChaosRun:
         self.recoveries.append(recovery)
         return recovery
 
-    def dangling_transaction(self, topics: list[str], watch: float = 1.2) -> bool:
-        """Whether a partition of `topics` has a transaction nobody finishes: its last
-        stable offset stays below its high watermark for `watch` seconds under load (a
-        producer killed inside a transaction; a live one commits within milliseconds)."""
+    def open_transactions(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """The partitions of `topics` with a transaction open now: their last stable offset
+        is below their high watermark. {(topic, partition): last stable offset}."""
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
         admin = self._admin
-        metadata = admin.list_topics(timeout=10)
-        tps = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
+        if not self._partitions:
+            metadata = admin.list_topics(timeout=10)
+            self._partitions = [TopicPartition(t, p) for t in topics
+                                for p in metadata.topics[t].partitions]
+        tps = [tp for tp in self._partitions if tp.topic in topics]
 
         def offsets(level: IsolationLevel) -> dict[tuple[str, int], int]:
             futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
@@ -187,9 +190,13 @@ class ChaosRun:
 
         lso = offsets(IsolationLevel.READ_COMMITTED)
         hw = offsets(IsolationLevel.READ_UNCOMMITTED)
-        time.sleep(watch)  # the observation interval itself
-        later = offsets(IsolationLevel.READ_COMMITTED)
-        return any(lso[k] < hw[k] and later[k] == lso[k] for k in lso)
+        return {k: v for k, v in lso.items() if v < hw[k]}
+
+    def still_open(self, found: dict[tuple[str, int], int], topics: list[str]) -> bool:
+        """Whether a transaction seen by `open_transactions` still pins its partition: no
+        live producer keeps one open for long, a stopped or dead one does."""
+        now = self.open_transactions(topics)
+        return any(now.get(k) == lso for k, lso in found.items())
 
     # -- the verdict ----------------------------------------------------------------------
 

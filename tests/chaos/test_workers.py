@@ -3,7 +3,6 @@ transaction), and SIGTERM / SIGINT to a worker's whole process group."""
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import signal
@@ -36,25 +35,29 @@ def _busy(run: ChaosRun, name: str) -> bool:
     return False
 
 
-def _stop_inside_a_transaction(run: ChaosRun, name: str, tries: int = 12) -> bool:
-    """SIGSTOP the worker until it is caught with a transaction open (its records on
-    `execution-events` pin the partition's last stable offset while everyone else commits),
-    SIGCONT it between tries. Returns whether it was caught; it is left stopped either way,
-    so that the SIGKILL that follows lands where it was caught."""
+def _stop_inside_a_transaction(run: ChaosRun, name: str, budget: float = 12.0) -> bool:
+    """SIGSTOP the worker, again and again for a few milliseconds each, until it is caught
+    with a transaction open: its records pin the last stable offset of an
+    `execution-events` partition, and the offset stays pinned while it is stopped (any
+    live producer's transaction ends within milliseconds). Returns whether it was caught;
+    it is left stopped either way, so that the SIGKILL that follows lands right there.
+    (Its transactions are short: one stop in twenty or so catches one.)"""
     watched = [run.settings.topics.execution_events]
-    for attempt in range(tries):
-        pid = run.supervisor.pid(name)
-        assert pid is not None, f"{name} is not running"
-        # Fires are on whole seconds: a worker's start transactions follow them by tens of
-        # milliseconds. Stop it at a random point of that stretch (placement, not a wait).
-        now = time.time()
-        time.sleep(math.ceil(now) - now + random.uniform(0.02, 0.3))
+    deadline = time.monotonic() + budget
+    pid = run.supervisor.pid(name)
+    assert pid is not None, f"{name} is not running"
+    while True:
         os.kill(pid, signal.SIGSTOP)
-        if run.dangling_transaction(watched, watch=0.6):
-            return True
-        if attempt < tries - 1:
-            os.kill(pid, signal.SIGCONT)
-    return False
+        found = run.open_transactions(watched)
+        if found:
+            time.sleep(0.5)  # the observation interval: does the offset stay pinned?
+            if run.still_open(found, watched):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        os.kill(pid, signal.SIGCONT)
+        # Stop it at another point of its loop next time (placement, not a wait).
+        time.sleep(random.uniform(0.01, 0.15))
 
 
 @pytest.mark.chaos_short
