@@ -21,7 +21,7 @@ from typing import Any
 from uuid import uuid4
 
 from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from cronstream.shared.settings import Settings
 from tests.chaos import ledger
@@ -184,7 +184,7 @@ class ChaosRun:
         tps = [tp for tp in self._partitions if tp.topic in topics]
 
         def offsets(level: IsolationLevel) -> dict[tuple[str, int], int]:
-            futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+            futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},  # type: ignore[no-untyped-call]
                                          isolation_level=level, request_timeout=10)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 

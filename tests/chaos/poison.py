@@ -94,7 +94,7 @@ def flood(settings: Settings, topics: list[str], total: int = 1000) -> Flood:
                          "message.max.bytes": 1_048_576, "linger.ms": 20})
 
     def send(topic: str, key: bytes, value: bytes | None,
-             headers: list[tuple[str, bytes]] | None = None) -> None:
+             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         while True:
             try:
                 producer.produce(topic, value, key, headers=headers)
@@ -111,7 +111,8 @@ def flood(settings: Settings, topics: list[str], total: int = 1000) -> Flood:
         for n in range(per_topic - 1):
             kind, value = kinds[n % len(kinds)]
             # A malformed trace header on some, a 100 KB key on one.
-            headers = [("traceparent", b"00-zz-not-a-trace-01")] if n % 3 == 0 else None
+            headers: list[tuple[str, str | bytes | None]] | None = \
+                [("traceparent", b"00-zz-not-a-trace-01")] if n % 3 == 0 else None
             key = (b"k" * 100_000) if n == 1 else f"poison-{kind}-{n}".encode()
             send(topic, key, value, headers)
             result.garbage[topic] += 1

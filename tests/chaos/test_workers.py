@@ -8,6 +8,7 @@ import random
 import signal
 import time
 from datetime import datetime
+from functools import partial
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_worker_sigkill_mid_run_repeated(chaos_run: RunFactory) -> None:
     for i in range(count):
         hold_until(run.at(10 + i * KILL_SPACING))
         name = f"worker-{1 + i % 2}"
-        eventually(lambda name=name: _busy(run, name), timeout=15,
+        eventually(partial(_busy, run, name), timeout=15,
                    message=f"{name} running executions")  # a kill mid-run
         # Every other kill is caught inside an open transaction; the others land anywhere.
         if i % 2 == 0 and _stop_inside_a_transaction(run, name):
