@@ -216,7 +216,7 @@ class ChaosRun:
         for recovery in self.recoveries:
             recovery.seconds = ledger.recovery(self.settings.database_url, self.job_ids,
                                                recovery.ended_at)
-            for kind in ("first", "all_jobs"):
+            for kind in ("first", "all_jobs_started"):
                 value = recovery.seconds[kind]
                 if value is None:
                     problems.append(f"{recovery.fault}: no completion of a fire scheduled after "

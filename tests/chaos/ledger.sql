@@ -38,8 +38,9 @@ WHERE job_id = ANY($1::text[]) AND status = 'REQUEUED'
 ORDER BY occurred_at;
 
 -- name: first_completion_per_job
--- For each job, the first completion of a fire scheduled after `$2` (a fault's end).
-SELECT job_id, min(completed_at) AS first_completed
+-- For each job, the first start and the first completion of a fire scheduled after `$2`
+-- (a fault's end).
+SELECT job_id, min(completed_at) AS first_completed, min(started_at) AS first_started
 FROM job_executions
 WHERE job_id = ANY($1::text[]) AND scheduled_at > $2 AND status = 'COMPLETED'
   AND attempt_number = 1
