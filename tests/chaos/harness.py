@@ -269,6 +269,7 @@ class ChaosRun:
     def close(self) -> None:
         """Stop every service (recorded), print the tail of each log."""
         self.supervisor.stop()
+        self._admin = None  # its broker may go away with the session: no reconnect noise
         for name in self.supervisor.names:
             for path in self.supervisor.all_logs(name)[-2:]:
                 tail = "\n".join(path.read_text(errors="replace").splitlines()[-25:])
