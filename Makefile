@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots
+.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -90,3 +90,19 @@ dashboards: install ## Regenerate the Grafana dashboards in deploy/grafana/dashb
 
 clean: ## Remove the virtualenv and caches (not the infra data)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+
+CHAOS_RUNS ?= 5
+
+chaos: install ## The chaos suite (own servers; faults under load), $(CHAOS_RUNS) runs in a row: fails on any failure
+	@since=$$(date -u +%Y-%m-%dT%H:%M:%S); status=0; \
+	for run in $$(seq 1 $(CHAOS_RUNS)); do \
+		echo "=== chaos run $$run of $(CHAOS_RUNS)"; \
+		$(BIN)/pytest tests/chaos -m chaos -p no:cacheprovider -q -rA || { status=1; break; }; \
+	done; \
+	$(BIN)/python -m tests.chaos.summary --since $$since; exit $$status
+
+chaos-short: install ## The short form of the chaos suite: a few faults, short windows (~5 min)
+	@since=$$(date -u +%Y-%m-%dT%H:%M:%S); status=0; \
+	CRONSTREAM_CHAOS_SHORT=1 $(BIN)/pytest tests/chaos -m chaos_short -p no:cacheprovider -q -rA \
+		|| status=$$?; \
+	$(BIN)/python -m tests.chaos.summary --since $$since; exit $$status

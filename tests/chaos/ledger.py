@@ -1,0 +1,171 @@
+"""The ledger check that follows every fault, and the recovery time of a fault.
+
+After the window's last fire has settled, a chaos test holds the system to:
+1. every fire of the window is in PostgreSQL exactly once: each expected execution id
+   (shared/ids.py over the grid of shared/schedule.py) has its row, no other first
+   attempt of the load's jobs exists, and `job-due` holds at most one first-attempt
+   JobDue (reason SCHEDULE) per execution id (SPEC §5.1);
+2. every execution reaches exactly one terminal status — COMPLETED, since the load's
+   handlers never fail — with exactly one terminal event in `execution_events`;
+3. nothing ran twice at one delivery: at most one RUNNING per (execution_id, delivery);
+4. the projection equals the log (tests/support.py: projection_equals_log).
+The services' side (alive, or restarted after a clear error) is the supervisor's record,
+checked by the test harness (harness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from cronstream.shared.records import ExecutionEvent
+from cronstream.shared.settings import Settings
+from tests.chaos.load import Fire
+from tests.support import projection_equals_log, read_all, sql
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED",
+                      "SKIPPED"})
+
+
+@lru_cache(maxsize=1)
+def _queries() -> dict[str, str]:
+    parts = _NAME.split((Path(__file__).parent / "ledger.sql").read_text())
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def q(name: str) -> str:
+    return _queries()[name]
+
+
+@dataclass
+class LedgerResult:
+    expected: int
+    problems: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def terminal_count(url: str, fires: dict[UUID, Fire]) -> int:
+    return int(sql(url, q("terminal_count"), list(fires))[0][0])
+
+
+def _sample(items: list[Any], n: int = 5) -> str:
+    shown = ", ".join(str(i) for i in items[:n])
+    return shown + (f" … (+{len(items) - n})" if len(items) > n else "")
+
+
+def _fire(fire: Fire) -> str:
+    return f"{fire.job_id}@{fire.scheduled_at:%H:%M:%S.%f}"[:-3]
+
+
+def projection_matches_log(settings: Settings) -> bool:
+    """projection_equals_log, for a log that also holds garbage: the events on the topic
+    are those that decode as ExecutionEvents (the rest is dead-lettered, not projected)."""
+    event_ids = set()
+    for msg in read_all(settings, settings.topics.execution_events):
+        try:
+            event_ids.add(str(ExecutionEvent.model_validate_json(msg.value() or b"").event_id))
+        except (ValidationError, ValueError, RecursionError):
+            continue
+    in_db = sql(settings.database_url, q("event_ids"))
+    return len(in_db) == len(event_ids) and {str(r["event_id"]) for r in in_db} == event_ids
+
+
+def first_attempt_dues(settings: Settings) -> Counter[str]:
+    """How many first-attempt, scheduled JobDues `job-due` holds per execution id."""
+    counts: Counter[str] = Counter()
+    for msg in read_all(settings, settings.topics.job_due, timeout=30):
+        try:
+            due = json.loads(msg.value() or b"")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(due, dict) and due.get("reason") == "SCHEDULE" and due.get("attempt_number") == 1:
+            counts[str(due.get("execution_id"))] += 1
+    return counts
+
+
+def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
+          garbage_on_log: bool = False) -> LedgerResult:
+    url = settings.database_url
+    result = LedgerResult(expected=len(fires))
+    problems = result.problems
+    rows = sql(url, q("executions_of_jobs"), job_ids)
+    by_id = {r["execution_id"]: r for r in rows}
+    missing = [_fire(fires[e]) for e in fires if e not in by_id]
+    extra = [_fire(Fire(r["job_id"], r["scheduled_at"])) for r in rows
+             if r["attempt_number"] == 1 and r["execution_id"] not in fires]
+    retries = [r for r in rows if r["attempt_number"] != 1]
+    statuses = Counter(by_id[e]["status"] for e in fires if e in by_id)
+    result.figures.update(expected_fires=len(fires), projected=len(fires) - len(missing),
+                          statuses=dict(statuses), extra_fires=len(extra), retries=len(retries))
+    if missing:
+        problems.append(f"{len(missing)} of {len(fires)} fires missing from job_executions: "
+                        f"{_sample(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} fires that the window does not hold: {_sample(extra)}")
+    not_completed = [r for e in fires if (r := by_id.get(e)) is not None and r["status"] != "COMPLETED"]
+    if not_completed:
+        errors = Counter(f"{r['status']}: {(r['error_message'] or '')[:120]}" for r in not_completed)
+        problems.append(f"{len(not_completed)} executions not COMPLETED: "
+                        f"{_sample([f'{n}× {s}' for s, n in errors.most_common()], 4)}")
+    if retries:
+        problems.append(f"{len(retries)} retry attempts of handlers that never fail: "
+                        f"{_sample([r['execution_id'] for r in retries])}")
+    dues = first_attempt_dues(settings)
+    doubled = [e for e in fires if dues[str(e)] > 1]
+    result.figures["duplicate_fires"] = len(doubled)
+    if doubled:
+        problems.append(f"{len(doubled)} fires committed more than once on job-due: "
+                        f"{_sample([_fire(fires[e]) + f' ×{dues[str(e)]}' for e in doubled])}")
+    not_once = sql(url, q("terminal_events_not_once"), list(fires))
+    no_terminal = [e for e in fires if e in by_id and by_id[e]["status"] not in TERMINAL]
+    if not_once:
+        problems.append(f"{len(not_once)} executions with more than one terminal event: "
+                        f"{_sample([(r['execution_id'], list(r['statuses'])) for r in not_once], 3)}")
+    if no_terminal:
+        problems.append(f"{len(no_terminal)} executions never reached a terminal status: "
+                        f"{_sample([(str(e), by_id[e]['status'], by_id[e]['worker_id']) for e in no_terminal])}")
+    twice = sql(url, q("ran_twice_at_one_delivery"), job_ids)
+    result.figures["ran_twice_at_one_delivery"] = len(twice)
+    if twice:
+        problems.append(f"{len(twice)} (execution, delivery) pairs RUNNING more than once: "
+                        f"{_sample([(r['execution_id'], r['delivery'], list(r['workers'])) for r in twice], 3)}")
+    equal = projection_matches_log(settings) if garbage_on_log else projection_equals_log(settings)
+    result.figures["projection_equals_log"] = equal
+    if not equal:
+        problems.append("the projection (execution_events) differs from the execution-events log")
+    return result
+
+
+def recovery(url: str, job_ids: list[str], fault_end: datetime) -> dict[str, float | None]:
+    """Seconds from `fault_end`: `first`, to the first completion of a fire scheduled after
+    it (the figure of the issue); `all_jobs_started`, until every job had such a fire
+    running — a fault that stalls some partitions shows there, not in `first` (a start,
+    not a completion, so that the handlers' own run time does not count)."""
+    rows = sql(url, q("first_completion_per_job"), job_ids, fault_end)
+    completed = [(r["first_completed"] - fault_end).total_seconds() for r in rows]
+    started = [(r["first_started"] - fault_end).total_seconds() for r in rows]
+    return {
+        "first": round(min(completed), 3) if completed else None,
+        "all_jobs_started": round(max(started), 3) if len(rows) == len(job_ids) else None,
+    }
+
+
+def requeue_after_death(url: str, job_ids: list[str], worker_id: str,
+                        died_at: datetime) -> tuple[int, int, float | None]:
+    """What `worker_id` was running when it died, how much of it was re-queued, and the
+    seconds until the last of it was: (running, requeued, seconds)."""
+    running = [r["execution_id"] for r in sql(url, q("running_on_worker_at"), job_ids, worker_id,
+                                              died_at)]
+    requeued = sql(url, q("first_requeue_after"), running, died_at) if running else []
+    seconds = max(((r["requeued_at"] - died_at).total_seconds() for r in requeued), default=None)
+    return len(running), len(requeued), None if seconds is None else round(seconds, 3)

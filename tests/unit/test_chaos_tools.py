@@ -1,0 +1,52 @@
+"""The chaos suite's own tools, without servers: the cluster's node configs and the
+load's expected fires."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from cronstream.infra.cluster import KafkaCluster
+from cronstream.shared.ids import execution_id
+from tests.chaos.load import LoadShape, expected_fires
+
+
+def _props(path: Path) -> dict[str, str]:
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
+
+
+def test_cluster_nodes_share_one_static_quorum_with_production_durability(tmp_path: Path) -> None:
+    cluster = KafkaCluster(tmp_path, tmp_path / "libs", size=3, replication=3, min_insync_replicas=2)
+    ports = {n.port for n in cluster.nodes.values()} | {n.controller_port for n in cluster.nodes.values()}
+    assert len(ports) == 6, "every node has its own client and controller port"
+    configs = {i: _props(cluster.write_config(node)) for i, node in cluster.nodes.items()}
+    voters = {c["controller.quorum.voters"] for c in configs.values()}
+    assert len(voters) == 1 and len(voters.pop().split(",")) == 3
+    for i, config in configs.items():
+        assert config["node.id"] == str(i)
+        assert config["transaction.state.log.replication.factor"] == "3"
+        assert config["transaction.state.log.min.isr"] == "2"
+        assert config["offsets.topic.replication.factor"] == "3"
+        assert config["min.insync.replicas"] == "2"
+        assert "${" not in "".join(config.values()), "every placeholder is filled in"
+    assert cluster.bootstrap_servers.count(",") == 2
+
+
+def test_cluster_refuses_a_min_isr_above_the_replication(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="min_insync_replicas"):
+        KafkaCluster(tmp_path, tmp_path, size=3, replication=2, min_insync_replicas=3)
+
+
+def test_the_windows_fires_are_its_grid_points_inclusive() -> None:
+    start = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    shape = LoadShape(noop_jobs=2, sleep_jobs=1, long_jobs=1)
+    definitions = shape.definitions(start, start + timedelta(seconds=10))
+    fires = expected_fires(definitions)
+    assert len(fires) == 4 * 11, "every job fires at start, each second, and at the end"
+    first = execution_id("noop-00", start, 1)
+    assert fires[first].scheduled_at == start
+    assert {f.job_id for f in fires.values()} == {"noop-00", "noop-01", "sleep-00", "long-00"}
+    assert all(d["misfire_policy"] == "FIRE_ALL" for d in definitions)
