@@ -51,7 +51,7 @@ from cronstream.shared.work_lag import WorkLag
 logger = logging.getLogger(__name__)
 
 ORPHAN_GRACE_SECONDS = 2.0  # heartbeat sent_at vs started_at: one worker's own clock
-ORPHAN_EVERY = 5  # rounds between orphan checks
+ORPHAN_EVERY = 2  # rounds between orphan checks (a restarted worker leaves orphans at once)
 FIGURES_EVERY = 5  # rounds between next-run and queue-depth refreshes
 CATCH_UP_SECONDS = 20.0
 FENCE_PATIENCE = 20.0
