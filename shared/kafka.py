@@ -113,7 +113,9 @@ def consumer_config(
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 50,
-            "session.timeout.ms": 10_000,
+            # The broker's default minimum: a member that died (or a whole group after a
+            # broker restart) is noticed in 6 s, well inside dead_after + a few seconds.
+            "session.timeout.ms": 6_000,
             "heartbeat.interval.ms": 1_000,
             "statistics.interval.ms": STATS_INTERVAL_MS,
             "stats_cb": lag_reporter(settings.topics, group_id),

@@ -80,6 +80,7 @@ class DispatcherService:
         self.policy = PolicyState()
         self._queues: set[str] = set()
         self._owned: set[int] = set()
+        self._rebalanced = False
         self._decided: Counter[str] = Counter()  # decisions of the batch, counted on commit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: ConsumerThread | None = None
@@ -168,6 +169,11 @@ class DispatcherService:
                        for key, p in self.seen.expired)
         self.seen.expired = []
         try:
+            if self._rebalanced:
+                # A fresh producer after a rebalance: one that cached the old group
+                # coordinator (a broker restart) can hang in send_offsets (librdkafka #5511).
+                self._rebalanced = False
+                await self._producer.reset()
             await self._producer.commit(records, batch.offsets(),
                                         self._consumer.consumer.consumer_group_metadata)
         except TransactionAborted as exc:
@@ -321,6 +327,7 @@ class DispatcherService:
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(self._load_state(self._owned), self._loop).result(120)
         consumer.assign(partitions)
+        self._rebalanced = True
         self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions),
             tracked_jobs=len(self.policy.jobs), remembered_dues=len(self.seen))

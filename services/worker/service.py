@@ -119,6 +119,7 @@ class WorkerService:
         self._paused = False
         self._fill_until = 0.0
         self._assignments = 0  # bumped by every rebalance callback
+        self._producer_assignments = 0  # the assignment the producer was (re)made for
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -148,8 +149,10 @@ class WorkerService:
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
             # (cooperative-sticky balances the total count and can leave a worker with only
-            # the empty tiers.)
-            **{"partition.assignment.strategy": "range"},
+            # the empty tiers.) Static membership: a worker restarted under its id (a pod of
+            # a StatefulSet, a supervisor's restart) takes its partitions back at once,
+            # without waiting for the session of its dead predecessor to expire.
+            **{"partition.assignment.strategy": "range", "group.instance.id": self.worker_id},
         )
         commands = ConsumerThread(reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
                                   "commands")
@@ -302,6 +305,12 @@ class WorkerService:
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> bool:
         """Commit one turn; whether it committed (read back when the outcome is unknown)."""
         assert self._producer is not None and self._consumer is not None
+        if self._assignments != self._producer_assignments:
+            # A rebalance happened (after a broker restart, say): take a fresh producer
+            # before the next transaction — one that cached the old group coordinator can
+            # hang in send_offsets_to_transaction (librdkafka #5511).
+            self._producer_assignments = self._assignments
+            await self._producer.reset()
         assignments = self._assignments
         try:
             await self._producer.commit(records, offsets or None,

@@ -103,5 +103,8 @@ class MemoryProducer:
         if failure == "unknown-committed":
             raise TransactionOutcomeUnknown("hung after committing (memory bus)")
 
+    async def reset(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
