@@ -6,7 +6,8 @@
 CREATE INDEX job_executions_scheduled ON job_executions (scheduled_at);
 
 -- The finished executions of a time range, by completion (throughput and duration panels).
-CREATE INDEX job_executions_completed ON job_executions (completed_at)
+-- (The same index as 0006_ui: whichever of the two a database applies first creates it.)
+CREATE INDEX IF NOT EXISTS job_executions_completed ON job_executions (completed_at)
     WHERE completed_at IS NOT NULL;
 
 -- Retention of DAG evaluations and offline workers, oldest first.

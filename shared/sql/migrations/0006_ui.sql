@@ -4,7 +4,7 @@
 -- "Recent terminal executions" on the Runs page, newest first, without a scan of the
 -- whole table. Partial: executions still QUEUED or RUNNING have no entry, so the
 -- monitor pays one index entry per execution, when it ends.
-CREATE INDEX job_executions_completed ON job_executions (completed_at DESC)
+CREATE INDEX IF NOT EXISTS job_executions_completed ON job_executions (completed_at DESC)
     WHERE completed_at IS NOT NULL;
 
 -- Live views without polling: every statement that changes job_executions notifies the
