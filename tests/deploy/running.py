@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from cronstream.shared.settings import Settings
 from tests.deploy.manifests import (
     LONG_RUNNING_KINDS,
@@ -141,8 +143,6 @@ class Pod:
 
     def rss_mib(self) -> float:
         """Resident memory of the process (its children too: the worker's pool)."""
-        import psutil
-
         try:
             proc = psutil.Process(self.proc.pid)
             procs = [proc, *proc.children(recursive=True)]
@@ -298,8 +298,8 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
     all_workloads = workloads(cluster.objects)
     jobs = [w for w in all_workloads if w.kind == "Job"]
     services = [w for w in all_workloads if w.kind in LONG_RUNNING_KINDS]
-    started = {c.argv[0] for w in services for c in w.containers(init=False) if c.is_cronstream}
-    assert jobs and started == SERVICES, [str(w) for w in all_workloads]
+    commands = {c.argv[0] for w in services for c in w.containers(init=False) if c.is_cronstream}
+    assert jobs and commands == SERVICES, [str(w) for w in all_workloads]
     codes: dict[str, int | None] = {}
     try:
         for job in jobs:
