@@ -55,7 +55,8 @@ ENV PATH=/opt/cronstream/bin:$PATH \
     HOME=/tmp
 WORKDIR /tmp
 USER 10001:10001
-# scheduler 9181, dispatcher 9182, worker 9183, monitor 9184: /metrics, /healthz, /readyz.
-EXPOSE 9181 9182 9183 9184
+# scheduler 9181, dispatcher 9182, worker 9183, monitor 9184, analytics 9185: /metrics,
+# /healthz, /readyz; ui 8180: the web dashboard and the same three.
+EXPOSE 9181 9182 9183 9184 9185 8180
 ENTRYPOINT ["cronstream"]
 CMD ["--help"]

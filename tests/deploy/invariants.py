@@ -6,10 +6,12 @@ manifest and see it complain (a check that cannot fail proves nothing).
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
+from functools import cache
 from typing import Any
 
-from cronstream.shared.settings import SERVICE_PORTS, Settings
+from cronstream.shared.settings import ENV_PREFIX, SERVICE_PORTS, Settings, SettingsError
 from tests.deploy.manifests import (
     LONG_RUNNING_KINDS,
     Container,
@@ -18,6 +20,7 @@ from tests.deploy.manifests import (
     is_kafka_passthrough,
     kafka_config_error,
     known_env_names,
+    matches,
     selects,
     workloads,
 )
@@ -37,7 +40,20 @@ STAND_IN_CA = ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certif
 # names it (shared/settings.py; docs/decisions/0030): they must be StatefulSets named by
 # their pod, so that a replacement fences its predecessor and no two pods share a name.
 STABLE_IDENTITY = {"dispatcher": "CRONSTREAM_INSTANCE_ID", "worker": "CRONSTREAM_WORKER_ID"}
-INSTANCE_NAMED = {"scheduler": "CRONSTREAM_INSTANCE_ID", "monitor": "CRONSTREAM_INSTANCE_ID"}
+INSTANCE_NAMED = {"scheduler": "CRONSTREAM_INSTANCE_ID", "monitor": "CRONSTREAM_INSTANCE_ID",
+                  "analytics": "CRONSTREAM_INSTANCE_ID"}
+# Services that must never run twice at once (docs/decisions/0032): the analytics
+# service's queue trends and fire ledger are global, a second instance would raise every
+# alert again under its own alert_id. One replica, never autoscaled, and a Deployment
+# must replace its pod with `Recreate` (a RollingUpdate runs old and new side by side).
+SINGLE_INSTANCE = {"analytics"}
+# The commands that read PostgreSQL: only their containers get the database URL (it
+# carries the database password).
+DATABASE_READERS = {"init", "monitor", "ui"}
+# Where a command's HTTP server binds: (its CLI option, the Settings field behind it).
+# The UI binds loopback by default, the services 0.0.0.0 (shared/settings.py).
+HTTP_BIND = {"ui": ("--bind", "ui_bind")}
+DEFAULT_HTTP_BIND = ("--http-bind", "http_bind")
 
 
 def _pod_security(container: Container) -> list[str]:
@@ -194,8 +210,89 @@ def _ca_mounted(container: Container) -> list[str]:
     return problems
 
 
+@cache
+def is_secret(name: str) -> bool:
+    """Whether cronstream keeps this variable's value out of its logs: the code's own word
+    on what is secret (Settings.redacted() masks it with `***`), so a new secret setting
+    is covered without listing it here."""
+    probe = "postgresql://cronstream:probe-password@db.example:5432/cronstream"
+    try:
+        redacted = Settings.from_env(environ={name: probe}).redacted()
+    except SettingsError:
+        return False  # not a value this variable takes (a number, a pattern...)
+    if is_kafka_passthrough(name):
+        prop = name[len(ENV_PREFIX) + len("KAFKA_"):].lower().replace("_", ".")
+        value = redacted["kafka_config"].get(prop)
+    else:
+        value = redacted.get(name[len(ENV_PREFIX):].lower())
+    return isinstance(value, str) and "***" in value
+
+
+def _secrets_from_secrets(container: Container) -> list[str]:
+    """A secret (database URL, Kafka password, UI token and session key...) comes from a
+    Secret by `secretKeyRef`, never from a literal in the manifest or a ConfigMap."""
+    if not container.is_cronstream:
+        return []
+    problems = []
+    from_secret = {e["name"] for e in container.spec.get("env", [])
+                   if "secretKeyRef" in e.get("valueFrom", {})}
+    for name, source in sorted(container.env_names().items()):
+        if name.startswith(ENV_PREFIX) and is_secret(name) and name not in from_secret:
+            where = "a literal value" if source == "env" else source
+            problems.append(f"{container}: the secret {name} comes from {where}, not a Secret")
+    return problems
+
+
+def _database_url_only_where_read(container: Container) -> list[str]:
+    if not container.is_cronstream or not container.argv:
+        return []
+    if "CRONSTREAM_DATABASE_URL" in container.env_names() and container.argv[0] not in DATABASE_READERS:
+        return [f"{container}: gets CRONSTREAM_DATABASE_URL, but `cronstream {container.argv[0]}` "
+                "does not read PostgreSQL (the URL carries its password)"]
+    return []
+
+
+def _reachable_bind(container: Container) -> list[str]:
+    """A service in a pod must listen on the pod's address: the kubelet probes it there, and
+    the Service and Prometheus reach it there. Loopback passes a local test, not a cluster."""
+    if not container.is_cronstream or not container.argv or \
+            container.workload.kind not in LONG_RUNNING_KINDS:
+        return []
+    option, field = HTTP_BIND.get(container.argv[0], DEFAULT_HTTP_BIND)
+    env = container.env(lambda _name, _key: "", container.workload.pod_name())
+    given = next((arg.split("=", 1)[1] for arg in container.argv if arg.startswith(option + "=")),
+                 None)
+    if given is None and option in container.argv[:-1]:
+        given = container.argv[container.argv.index(option) + 1]
+    bind = given or env.get(ENV_PREFIX + field.upper()) or str(Settings.model_fields[field].default)
+    try:
+        loopback = ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        loopback = bind == "localhost"
+    if loopback:
+        return [f"{container}: serves HTTP on {bind} ({ENV_PREFIX}{field.upper()}): unreachable "
+                "from the kubelet's probes, the Service and Prometheus"]
+    return []
+
+
+def _single_instance(container: Container) -> list[str]:
+    if not container.is_cronstream or not container.argv or container.argv[0] not in SINGLE_INSTANCE:
+        return []
+    workload = container.workload
+    problems = []
+    if workload.replicas != 1:
+        problems.append(f"{container}: {container.argv[0]} runs as one instance, but replicas is "
+                        f"{workload.replicas}")
+    strategy = workload.obj["spec"].get("strategy", {}).get("type", "RollingUpdate")
+    if workload.kind == "Deployment" and strategy != "Recreate":
+        problems.append(f"{container}: {container.argv[0]} must never run twice: strategy "
+                        f"{strategy} starts the new pod before the old one stops (use Recreate)")
+    return problems
+
+
 CONTAINER_CHECKS = (_pod_security, _resources, _probes, _env, _service_links, _drain_grace,
-                    _identity, _ca_mounted)
+                    _identity, _ca_mounted, _secrets_from_secrets, _database_url_only_where_read,
+                    _reachable_bind, _single_instance)
 
 
 def _references(objects: list[dict[str, Any]]) -> list[str]:
@@ -205,9 +302,13 @@ def _references(objects: list[dict[str, Any]]) -> list[str]:
     for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor"):
         for obj in find(objects, kind):
             spec = obj["spec"]
-            selector = spec.get("selector", {}) if kind == "Service" else \
-                spec.get("podSelector", spec.get("selector", {})).get("matchLabels", {})
-            if not any(selects(selector, labels) for labels in pods):
+            if kind == "Service":
+                selector = spec.get("selector", {})
+                found = any(selects(selector, labels) for labels in pods)
+            else:
+                selector = spec.get("podSelector", spec.get("selector", {}))
+                found = bool(selector) and any(matches(selector, labels) for labels in pods)
+            if not found:
                 problems.append(f"{kind}/{obj['metadata']['name']}: selector {selector} selects no pod")
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     for kind, path in (("HorizontalPodAutoscaler", "scaleTargetRef"), ("ScaledObject", "scaleTargetRef")):
@@ -250,6 +351,89 @@ def _keda_matches_settings(objects: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def _replicated(workload: Workload) -> bool:
+    """Runs (or may be scaled to) more than one pod: an autoscaled one has no replicas."""
+    return workload.kind in ("Deployment", "StatefulSet") and \
+        (workload.replicas is None or workload.replicas > 1)
+
+
+def _spread(objects: list[dict[str, Any]]) -> list[str]:
+    """Replicated workloads spread their pods over nodes: one node lost takes one pod."""
+    problems = []
+    for workload in workloads(objects):
+        if not _replicated(workload):
+            continue
+        spread = [c for c in workload.pod.get("topologySpreadConstraints", [])
+                  if c.get("topologyKey") == "kubernetes.io/hostname"
+                  and matches(c.get("labelSelector", {}), workload.pod_labels)]
+        if not spread:
+            problems.append(f"{workload}: {workload.replicas or 'autoscaled'} replicas and no "
+                            "topology spread over kubernetes.io/hostname that selects its pods")
+    return problems
+
+
+def _disruption_budgets(objects: list[dict[str, Any]]) -> list[str]:
+    """A replicated workload has a PodDisruptionBudget (a node drain takes one pod at a
+    time); no budget blocks drains for good (minAvailable >= the replicas of one pod)."""
+    problems = []
+    budgets = find(objects, "PodDisruptionBudget")
+    for workload in workloads(objects):
+        if workload.kind not in LONG_RUNNING_KINDS:
+            continue
+        covering = [b for b in budgets if matches(b["spec"].get("selector", {}), workload.pod_labels)]
+        if _replicated(workload) and not covering:
+            problems.append(f"{workload}: replicated, but no PodDisruptionBudget selects its pods")
+        for budget in covering:
+            spec, replicas = budget["spec"], workload.replicas
+            if replicas is None or isinstance(spec.get("minAvailable"), str):
+                continue
+            if spec.get("minAvailable", 0) >= replicas or spec.get("maxUnavailable") == 0:
+                problems.append(f"PodDisruptionBudget/{budget['metadata']['name']}: blocks every "
+                                f"node drain of {workload} ({replicas} replica(s))")
+    return problems
+
+
+def _network_policies(objects: list[dict[str, Any]]) -> list[str]:
+    """Every cronstream pod is selected by a NetworkPolicy that admits its `http` port (the
+    probes, the scrapes, the UI's users); every port a policy admits exists on a pod it
+    selects (a misnamed port admits nothing)."""
+    problems = []
+    policies = find(objects, "NetworkPolicy")
+    for workload in workloads(objects):
+        if workload.kind not in LONG_RUNNING_KINDS:
+            continue
+        for container in workload.containers(init=False):
+            if not container.is_cronstream or "http" not in container.ports():
+                continue
+            selecting = [p for p in policies if matches(p["spec"]["podSelector"], workload.pod_labels)]
+            if not selecting:
+                problems.append(f"{container}: no NetworkPolicy selects it (open to everything)")
+                continue
+            admitted = {port.get("port") for p in selecting for rule in p["spec"].get("ingress", [])
+                        for port in rule.get("ports", [])}
+            if not admitted & {"http", container.ports()["http"]}:
+                problems.append(f"{container}: no NetworkPolicy admits its http port "
+                                f"(admitted: {sorted(map(str, admitted))})")
+    for policy in policies:
+        selected = [w for w in workloads(objects) if matches(policy["spec"]["podSelector"], w.pod_labels)]
+        named = {name for w in selected for c in w.containers() for name in c.ports()}
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                if isinstance(port.get("port"), str) and port["port"] not in named:
+                    problems.append(f"NetworkPolicy/{policy['metadata']['name']}: admits port "
+                                    f"{port['port']!r}, which no pod it selects has")
+    return problems
+
+
+def _single_instances_not_scaled(objects: list[dict[str, Any]]) -> list[str]:
+    single = {w.name for w in workloads(objects) for c in w.containers()
+              if c.is_cronstream and c.argv and c.argv[0] in SINGLE_INSTANCE}
+    return [f"{obj['kind']}/{obj['metadata']['name']}: scales {obj['spec']['scaleTargetRef']['name']}, "
+            "which must run as one instance"
+            for kind in ("HorizontalPodAutoscaler", "ScaledObject") for obj in find(objects, kind)
+            if obj["spec"]["scaleTargetRef"]["name"] in single]
+
+
 def problems(objects: list[dict[str, Any]]) -> list[str]:
     found: list[str] = []
     for workload in workloads(objects):
@@ -258,6 +442,10 @@ def problems(objects: list[dict[str, Any]]) -> list[str]:
                 found.extend(check(container))
     found.extend(_references(objects))
     found.extend(_keda_matches_settings(objects))
+    found.extend(_spread(objects))
+    found.extend(_disruption_budgets(objects))
+    found.extend(_network_policies(objects))
+    found.extend(_single_instances_not_scaled(objects))
     return found
 
 

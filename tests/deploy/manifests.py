@@ -42,6 +42,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prod": ("overlays/prod", ()),
     "prod+podmonitors": ("overlays/prod", ("components/podmonitors",)),
     "dev+worker-hpa": ("overlays/dev", ("components/worker-hpa",)),
+    "prod+ui-oauth2-proxy": ("overlays/prod", ("components/ui-oauth2-proxy",)),
 }
 
 
@@ -269,6 +270,14 @@ class Workload:
             else self.obj["spec"]["template"]
         return dict(template.get("metadata", {}).get("labels", {}))
 
+    @property
+    def replicas(self) -> int | None:
+        """The replicas the manifest asks for; None when an autoscaler owns the count."""
+        if self.kind in ("Job", "CronJob", "DaemonSet"):
+            return None
+        value = self.obj["spec"].get("replicas")
+        return None if value is None else int(value)
+
     def containers(self, init: bool = True) -> list[Container]:
         specs = [*(self.pod.get("initContainers", []) if init else []), *self.pod["containers"]]
         return [Container(self, spec) for spec in specs]
@@ -297,6 +306,24 @@ def workloads(objects: list[dict[str, Any]]) -> list[Workload]:
 
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (`matchLabels` and `matchExpressions`) against a pod's labels, as
+    Kubernetes evaluates it; an empty selector matches every pod."""
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
 
 
 # -- custom resources --------------------------------------------------------------------------

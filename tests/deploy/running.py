@@ -20,8 +20,10 @@ So a wrong command, env name, port or probe path in a manifest fails `run_prod_e
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from cronstream.shared.settings import Settings
 from tests.deploy.manifests import (
@@ -91,6 +95,18 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
+def http_request(port: int, path: str, method: str = "GET",
+                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    """One request, redirects not followed (a login redirect is an answer here)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
+    finally:
+        conn.close()
+
+
 @dataclass
 class Pod:
     """One container of a workload, run as a local process."""
@@ -124,6 +140,15 @@ class Pod:
 
     def probe_port(self, probe: dict[str, Any]) -> int:
         return self.ports[self.container.port_number(probe["httpGet"]["port"])]
+
+    def rss_mib(self) -> float:
+        """Resident memory of the process (its children too: the worker's pool)."""
+        try:
+            proc = psutil.Process(self.proc.pid)
+            procs = [proc, *proc.children(recursive=True)]
+            return sum(p.memory_info().rss for p in procs) / 2**20
+        except psutil.Error:
+            return 0.0
 
     def stop(self, timeout: float) -> int | None:
         """SIGTERM, as the kubelet does; None if it is still running after `timeout`."""
@@ -202,11 +227,55 @@ def wait_probe(pod: Pod, kind: str, timeout: float = STARTUP_TIMEOUT) -> None:
     eventually(answers, timeout, 0.5, message=f"{pod.pod_name} {kind} {path} on :{port}")
 
 
+SERVICES = {"scheduler", "dispatcher", "worker", "monitor", "analytics", "ui"}
+
+
+def service_port(cluster: Cluster, pods: dict[str, Pod], name: str) -> tuple[Pod, int]:
+    """The pod behind Service `name` and the local port of the container port it targets."""
+    (service,) = find(cluster.objects, "Service", name)
+    (pod,) = [p for p in pods.values() if all(
+        p.container.workload.pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())]
+    (port,) = service["spec"]["ports"]
+    return pod, pod.ports[pod.container.port_number(port["targetPort"])]
+
+
+def check_ui(cluster: Cluster, pods: dict[str, Pod], database_url: str, token: str) -> None:
+    """Through the `cronstream-ui` Service's port: pages need a login (prod protects reads),
+    /jobs shows the job from PostgreSQL, and a trigger with the token of the Secret
+    `cronstream-ui` publishes to Kafka (the UI's own settings and credentials) and runs."""
+    _, port = service_port(cluster, pods, "cronstream-ui")
+    status, headers, _ = http_request(port, "/jobs")
+    assert status == 303 and headers["location"].startswith("/login"), (status, headers)
+    bearer = {"Authorization": f"Bearer {token}"}
+    status, _, page = http_request(port, "/jobs", headers=bearer)
+    assert status == 200 and "k8s-hello" in page, (status, page[-2000:])
+
+    def triggered() -> str | None:
+        status, _, body = http_request(port, "/jobs/k8s-hello/trigger", "POST", bearer)
+        if status == 404:  # the monitor has not projected the definition yet
+            return None
+        assert status == 200, (status, body)
+        answer = json.loads(body)
+        assert answer["by"] == "api-token", answer
+        match = re.search(r"execution ([0-9a-f-]{36})", answer["notice"])
+        assert match, answer
+        return match[1]
+
+    execution = eventually(triggered, timeout=30, message="the UI knows k8s-hello")
+    eventually(lambda: sql(database_url, "SELECT 1 FROM job_executions WHERE execution_id = $1 "
+                                         "AND status = 'COMPLETED'", uuid.UUID(execution)),
+               timeout=90, message="the run triggered from the UI COMPLETED in PostgreSQL")
+    status, _, page = http_request(port, f"/executions/{execution}", headers=bearer)
+    assert status == 200 and "k8s-hello" in page and "COMPLETED" in page, (status, page[-2000:])
+
+
 def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher: Launcher) -> None:
-    """Init, then every service ready on its own probes, /metrics where its Service points,
-    a ONE_TIME job COMPLETED in PostgreSQL on the worker named after its pod, and every
-    service stopped by SIGTERM with exit code 0 within its terminationGracePeriodSeconds."""
+    """Init, then every service and the UI ready on their own probes, /metrics where each
+    Service points, a ONE_TIME job COMPLETED in PostgreSQL on the worker named after its
+    pod, the UI showing it and running it again, and every process stopped by SIGTERM with
+    exit code 0 within its terminationGracePeriodSeconds."""
     prefix = f"k8s{uuid.uuid4().hex[:10]}."
+    ui_token = uuid.uuid4().hex
     cluster = Cluster(
         render(*VARIANTS["prod"]),
         config={
@@ -220,6 +289,8 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
             ("cronstream-database", "url"): database_url,
             ("cronstream-kafka", "username"): "cronstream",
             ("cronstream-kafka", "password"): "unused-over-plaintext",
+            ("cronstream-ui", "token"): ui_token,
+            ("cronstream-ui", "session-key"): uuid.uuid4().hex,
         },
         log_dir=tmp_path,
         launcher=launcher,
@@ -227,7 +298,8 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
     all_workloads = workloads(cluster.objects)
     jobs = [w for w in all_workloads if w.kind == "Job"]
     services = [w for w in all_workloads if w.kind in LONG_RUNNING_KINDS]
-    assert jobs and len(services) == 4, [str(w) for w in all_workloads]
+    commands = {c.argv[0] for w in services for c in w.containers(init=False) if c.is_cronstream}
+    assert jobs and commands == SERVICES, [str(w) for w in all_workloads]
     codes: dict[str, int | None] = {}
     try:
         for job in jobs:
@@ -249,13 +321,10 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
 
         # What Prometheus scrapes: /metrics on the port each Service targets.
         for service in find(cluster.objects, "Service"):
-            selector = service["spec"]["selector"]
-            (pod,) = [p for p in pods.values() if all(
-                p.container.workload.pod_labels.get(k) == v for k, v in selector.items())]
-            for port in service["spec"]["ports"]:
-                status, body = http_get(pod.ports[pod.container.port_number(port["targetPort"])],
-                                        "/metrics")
-                assert status == 200 and "cronstream_build_info" in body, (service["metadata"], status)
+            pod, port = service_port(cluster, pods, service["metadata"]["name"])
+            status, body = http_get(port, "/metrics")
+            assert status == 200 and f'cronstream_build_info{{service="{pod.container.argv[0]}"' in body, \
+                (service["metadata"], status)
 
         settings = Settings(kafka_bootstrap_servers=kafka, database_url=database_url,
                             topic_prefix=prefix)
@@ -267,6 +336,9 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
         worker = pods["cronstream-worker"]
         assert rows[0]["worker_id"] == worker.pod_name == "cronstream-worker-0"
         assert json.loads(rows[0]["result"]) == {"from": "the manifests"}
+        check_ui(cluster, pods, database_url, ui_token)
+        print("\nRSS MiB: " + ", ".join(f"{p.pod_name} {p.rss_mib():.0f}" for p in cluster.pods
+                                        if p.proc.poll() is None))
     finally:
         started = time.monotonic()
         codes = cluster.stop_all()

@@ -7,7 +7,9 @@ kustomize`, then:
   against its schema in deploy/k8s/schemas, strictly;
 - the invariants of tests/deploy/invariants.py hold (probes, resources, restricted pod
   security, read-only root, env names cronstream reads, worker grace ≥ drain + 15 s,
-  stable identities, references).
+  stable identities, references, secrets only from Secrets and the database URL only
+  where PostgreSQL is read, HTTP on the pod's address, one analytics instance, topology
+  spread, disruption budgets, network policies).
 The Dockerfile is linted with hadolint.
 """
 
@@ -25,7 +27,7 @@ import kubernetes_validate
 import pytest
 
 from tests.deploy import invariants
-from tests.deploy.manifests import ROOT, VARIANTS, crd_schemas, find, only, render
+from tests.deploy.manifests import ROOT, VARIANTS, crd_schemas, find, matches, only, render
 
 # The oldest and the newest Kubernetes minor versions upstream still supports
 # (kubernetes-validate ships the schemas of each).
@@ -38,13 +40,17 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]
     return request.param, render(overlay, components)
 
 
-def test_every_overlay_renders_the_four_services_and_init(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+def test_every_overlay_renders_every_service_the_ui_and_init(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
     _, objects = rendered
     commands = {c.get("args", [None])[0]
                 for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")
                 for c in o["spec"]["template"]["spec"]["containers"]}
-    assert {"scheduler", "dispatcher", "worker", "monitor", "init"} <= commands
+    assert {"scheduler", "dispatcher", "worker", "monitor", "analytics", "ui", "init"} <= commands
     assert only(objects, "Deployment", "cronstream-scheduler")["spec"]["replicas"] == 2
+    analytics = only(objects, "Deployment", "cronstream-analytics")["spec"]
+    assert (analytics["replicas"], analytics["strategy"]["type"]) == (1, "Recreate")
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -82,8 +88,30 @@ def test_custom_resources_validate_against_their_schemas(rendered: tuple[str, li
 
 def test_custom_resources_are_rendered_where_expected() -> None:
     assert len(find(render(*VARIANTS["prod"]), "ScaledObject")) == 1
-    assert len(find(render(*VARIANTS["prod+podmonitors"]), "PodMonitor")) == 4
+    monitored = {o["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+                 for o in find(render(*VARIANTS["prod+podmonitors"]), "PodMonitor")}
+    assert monitored == {"scheduler", "dispatcher", "worker", "monitor", "analytics", "ui"}
     assert len(find(render(*VARIANTS["dev+worker-hpa"]), "HorizontalPodAutoscaler")) == 1
+
+
+def test_behind_oauth2_proxy_the_ui_trusts_its_header_and_admits_only_the_proxy() -> None:
+    """The UI trusts the identity header as it comes: with the proxy component, the header
+    is the one the proxy sets, and only the proxy (and Prometheus) reach the UI's port."""
+    objects = render(*VARIANTS["prod+ui-oauth2-proxy"])
+    proxy = only(objects, "Deployment", "cronstream-ui-proxy")["spec"]["template"]
+    (container,) = proxy["spec"]["containers"]
+    assert "--pass-user-headers=true" in container["args"]
+    assert "--upstream=http://cronstream-ui:8180/" in container["args"]
+    ui = _container(objects, "Deployment", "cronstream-ui")
+    assert {"name": "CRONSTREAM_UI_IDENTITY_HEADER", "value": "X-Forwarded-Email"} in ui["env"]
+    (rule,) = only(objects, "NetworkPolicy", "cronstream-ui")["spec"]["ingress"]
+    peers = [peer for peer in rule["from"] if "namespaceSelector" not in peer]
+    proxy_labels = proxy["metadata"]["labels"]
+    assert len(peers) == 1 and matches(peers[0]["podSelector"], proxy_labels)
+    # The base policy of the other services does not admit the UI's pods as well.
+    base = only(objects, "NetworkPolicy", "cronstream")["spec"]["podSelector"]
+    ui_labels = only(objects, "Deployment", "cronstream-ui")["spec"]["template"]["metadata"]["labels"]
+    assert not matches(base, ui_labels)
 
 
 def test_invariants_hold(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -92,10 +120,11 @@ def test_invariants_hold(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     assert not found, f"{name}:\n" + "\n".join(found)
 
 
-def test_prod_secrets_are_external_and_documented() -> None:
+@pytest.mark.parametrize("variant", ["prod", "prod+ui-oauth2-proxy"])
+def test_prod_secrets_are_external_and_documented(variant: str) -> None:
     """prod ships no Secret (no placeholder can overwrite yours); every Secret it refers to
     is named in docs/deploy.md, with the keys it needs."""
-    objects = render(*VARIANTS["prod"])
+    objects = render(*VARIANTS[variant])
     assert not find(objects, "Secret")
     doc = (ROOT / "docs" / "deploy.md").read_text()
     refs: set[tuple[str, str]] = set()
@@ -114,10 +143,10 @@ def test_prod_secrets_are_external_and_documented() -> None:
                     refs.add((volume["secret"]["secretName"], item["key"]))
     for obj in find(objects, "TriggerAuthentication"):
         refs |= {(r["name"], r["key"]) for r in obj["spec"].get("secretTargetRef", [])}
-    assert refs, "prod refers to no Secret"
+    assert refs, f"{variant} refers to no Secret"
     missing = [f"{name} (key {key})" for name, key in sorted(refs)
                if f"`{name}`" not in doc or f"`{key}`" not in doc]
-    assert not missing, "not documented in docs/deploy.md: " + ", ".join(missing)
+    assert not missing, f"{variant}: not documented in docs/deploy.md: " + ", ".join(missing)
 
 
 # -- the checks can fail -------------------------------------------------------------------
@@ -172,6 +201,62 @@ def test_a_dispatcher_deployment_or_a_random_worker_id_is_refused() -> None:
     found = "\n".join(invariants.problems(objects))
     assert "must be a StatefulSet, not a Deployment" in found
     assert "CRONSTREAM_WORKER_ID does not come from the pod name" in found
+
+
+def test_a_second_analytics_instance_is_refused() -> None:
+    objects = _prod()
+    analytics = only(objects, "Deployment", "cronstream-analytics")
+    analytics["spec"]["replicas"] = 2
+    analytics["spec"]["strategy"] = {"type": "RollingUpdate"}
+    objects.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                    "metadata": {"name": "cronstream-analytics"},
+                    "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                "name": "cronstream-analytics"}}})
+    found = "\n".join(invariants.problems(objects))
+    assert "analytics runs as one instance, but replicas is 2" in found
+    assert "strategy RollingUpdate starts the new pod before the old one stops" in found
+    assert "HorizontalPodAutoscaler/cronstream-analytics: scales cronstream-analytics" in found
+
+
+def test_a_secret_outside_a_secret_or_the_database_url_where_unread_is_refused() -> None:
+    objects = _prod()
+    _container(objects, "Deployment", "cronstream-analytics")["env"].append(
+        {"name": "CRONSTREAM_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cronstream-database",
+                                                                           "key": "url"}}})
+    ui = _container(objects, "Deployment", "cronstream-ui")
+    ui["env"] = [e for e in ui["env"] if e["name"] != "CRONSTREAM_UI_TOKEN"]
+    ui["env"].append({"name": "CRONSTREAM_UI_TOKEN", "value": "hunter2"})
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    config["data"]["CRONSTREAM_KAFKA_SSL_KEY_PASSWORD"] = "hunter2"
+    found = "\n".join(invariants.problems(objects))
+    assert "cronstream-analytics/analytics: gets CRONSTREAM_DATABASE_URL, but `cronstream analytics` " \
+           "does not read PostgreSQL" in found
+    assert "cronstream-ui/ui: the secret CRONSTREAM_UI_TOKEN comes from a literal value" in found
+    assert f"the secret CRONSTREAM_KAFKA_SSL_KEY_PASSWORD comes from ConfigMap {config['metadata']['name']}" \
+        in found
+
+
+def test_a_ui_on_loopback_is_refused() -> None:
+    """The UI's default bind (127.0.0.1) answers a local probe but nothing in a cluster."""
+    objects = _prod()
+    ui = _container(objects, "Deployment", "cronstream-ui")
+    ui["env"] = [e for e in ui["env"] if e["name"] != "CRONSTREAM_UI_BIND"]
+    found = "\n".join(invariants.problems(objects))
+    assert "cronstream-ui/ui: serves HTTP on 127.0.0.1 (CRONSTREAM_UI_BIND)" in found
+
+
+def test_a_ui_without_spread_budget_or_network_policy_is_refused() -> None:
+    objects = _prod()
+    ui = only(objects, "Deployment", "cronstream-ui")
+    del ui["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    objects.remove(only(objects, "PodDisruptionBudget", "cronstream-ui"))
+    objects.remove(only(objects, "NetworkPolicy", "cronstream-ui"))
+    only(objects, "PodDisruptionBudget", "cronstream-scheduler")["spec"]["minAvailable"] = 2
+    found = "\n".join(invariants.problems(objects))
+    assert "Deployment/cronstream-ui: 2 replicas and no topology spread" in found
+    assert "Deployment/cronstream-ui: replicated, but no PodDisruptionBudget" in found
+    assert "Deployment/cronstream-ui/ui: no NetworkPolicy selects it" in found
+    assert "PodDisruptionBudget/cronstream-scheduler: blocks every node drain" in found
 
 
 # -- Dockerfile -------------------------------------------------------------------------------
