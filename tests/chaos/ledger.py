@@ -67,6 +67,18 @@ def _fire(fire: Fire) -> str:
     return f"{fire.job_id}@{fire.scheduled_at:%H:%M:%S.%f}"[:-3]
 
 
+def projection_difference(settings: Settings) -> tuple[set[str], set[str]]:
+    """(event ids on the log, event ids in PostgreSQL), garbage left out."""
+    on_log = set()
+    for msg in read_all(settings, settings.topics.execution_events, 30):
+        try:
+            on_log.add(str(ExecutionEvent.model_validate_json(msg.value() or b"").event_id))
+        except (ValidationError, ValueError, RecursionError):
+            continue
+    in_db = {str(r["event_id"]) for r in sql(settings.database_url, q("event_ids"))}
+    return on_log, in_db
+
+
 def projection_matches_log(settings: Settings) -> bool:
     """projection_equals_log, for a log that also holds garbage: the events on the topic
     are those that decode as ExecutionEvents (the rest is dead-lettered, not projected)."""
@@ -142,7 +154,11 @@ def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
     equal = projection_matches_log(settings) if garbage_on_log else projection_equals_log(settings)
     result.figures["projection_equals_log"] = equal
     if not equal:
-        problems.append("the projection (execution_events) differs from the execution-events log")
+        on_log, in_db = projection_difference(settings)
+        problems.append(
+            "the projection (execution_events) differs from the execution-events log: "
+            f"{len(on_log - in_db)} events only on the log ({_sample(sorted(on_log - in_db), 3)}), "
+            f"{len(in_db - on_log)} only in PostgreSQL ({_sample(sorted(in_db - on_log), 3)})")
     return result
 
 
