@@ -39,6 +39,7 @@ class MonitorBatch:
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
     traces: dict[UUID, str] = field(default_factory=dict)  # event_id -> traceparent
+    epoch: int = 0  # the monitor's resync epoch when it was read (service.py: _resync)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     starts: dict[tuple[str, int], int] = field(default_factory=dict)
 

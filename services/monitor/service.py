@@ -37,6 +37,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore
 from cronstream.shared import metrics
+from cronstream.shared.db import query
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import (
@@ -61,8 +62,12 @@ BATCH = 5000
 HOUSEKEEPING_SECONDS = 1.0
 # Errors that mean "the database is away", waited out; anything else is a bug or a bad
 # record and is retried a few times before the service gives up.
+class DatabaseRestarted(ConnectionError):
+    """The database server restarted since the last write: it may have lost commits."""
+
+
 UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, TimeoutError,
-               asyncpg.CannotConnectNowError)
+               asyncpg.CannotConnectNowError, DatabaseRestarted)
 RETRIABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
 
@@ -88,6 +93,12 @@ class MonitorService:
         self._writer: asyncio.Task[None] | None = None
         self._kafka_offsets: list[TopicPartition] = []
         self._stopping = asyncio.Event()
+        # A database outage or restart: the writer drops what it holds and asks the poll loop
+        # to resync (_resync); batches carry the epoch they were read in.
+        self._database_lost = False
+        self._resync_requested = False
+        self._epoch = 0
+        self._postmaster_started: object = None
         self.projected = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -120,12 +131,17 @@ class MonitorService:
                     self.health, stopping))]
             log(logger, "monitor_started", instance=self.instance)
             while not stopping.is_set() and not writer.done():
+                if self._resync_requested:
+                    await self._resync(consumer)
                 if self._kafka_offsets:
                     done, self._kafka_offsets = self._kafka_offsets, []
                     await consumer.call(self._commit_to_kafka, consumer.consumer, done)
+                epoch = self._epoch  # before the consume: what it returns belongs to this epoch
                 messages = await consumer.consume(BATCH, 0.1)
                 if messages:
-                    await self._pending.put(self.decoder.decode(messages))
+                    batch = self.decoder.decode(messages)
+                    batch.epoch = epoch
+                    await self._pending.put(batch)
             if writer.done():
                 writer.result()  # the writer failed: fail the service with its error
             with contextlib.suppress(TimeoutError):
@@ -148,7 +164,8 @@ class MonitorService:
         backoff = 0.5
         while not stopping.is_set():
             try:
-                pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
+                pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4,
+                                                 init=self._connection_made)
                 self.health.set("database", True)
                 return pool
             except UNAVAILABLE as exc:
@@ -165,6 +182,11 @@ class MonitorService:
         while True:
             batch = await self._pending.get()
             try:
+                if self._database_lost:
+                    self._database_lost = False
+                    self._resync_requested = True
+                if self._resync_requested or batch.epoch != self._epoch:
+                    continue  # read again after the resync
                 offsets = await self._project_patiently(batch)
                 # Committed to Kafka by the poll loop, on the consumer's lane: from here it
                 # could block behind a rebalance callback that waits for this queue.
@@ -182,13 +204,13 @@ class MonitorService:
                 self.health.set("database", True)
                 return offsets
             except UNAVAILABLE as exc:
+                # The server may have lost its last commits too: give up this batch and
+                # resume from what it holds once it is back (_resync).
                 self.health.set("database", False, f"unavailable: {exc}")
                 log(logger, "database_unavailable", logging.WARNING, error=str(exc),
-                    retry_in_seconds=backoff)
-                if self._stopping.is_set():
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                    action_taken="re-reading from the stored offsets once it is back")
+                self._database_lost = True
+                return []
             except RETRIABLE as exc:
                 log(logger, "projection_retried", logging.WARNING, error=str(exc))
             except (asyncpg.DataError, asyncpg.UntranslatableCharacterError) as exc:
@@ -203,10 +225,49 @@ class MonitorService:
                     raise
                 await asyncio.sleep(backoff)
 
+    async def _resync(self, consumer: ConsumerThread) -> None:
+        """Resume from what PostgreSQL holds (on the poll loop, between two consumes).
+
+        A database that went away may have lost its last commits — `synchronous_commit=off`,
+        a failover to a replica that lagged — rows and stored offsets alike; and the batches
+        read meanwhile were dropped. So every assigned partition is sought back to its stored
+        offset, and the epoch moves on: batches decoded before the seek are dropped by the
+        writer, what follows is read again (records projected already are left out by the
+        fence). Waits for the database."""
+        assert self._store is not None
+        while True:
+            try:
+                stored = await self._store.stored_offsets()
+                break
+            except UNAVAILABLE:
+                if await wait_or_stop(self._stopping, 1.0):
+                    return
+        inner = consumer.consumer
+
+        def rewind() -> list[str]:
+            # Assigning again with explicit offsets moves every position at once, fetching or
+            # not (a seek refuses a partition that has not started fetching).
+            positions = inner.position(inner.assignment())
+            inner.assign([TopicPartition(tp.topic, tp.partition,
+                                         stored.get((tp.topic, tp.partition), OFFSET_BEGINNING))
+                          for tp in positions])
+            return [f"{self.topics.logical(tp.topic)}[{tp.partition}]:{tp.offset}->"
+                    f"{stored.get((tp.topic, tp.partition), 'start')}" for tp in positions]
+
+        moved = await consumer.call(rewind)
+        self._epoch += 1
+        self._resync_requested = False
+        self.health.set("database", True)
+        log(logger, "projection_resynced", rewound=len(moved), partitions=",".join(moved)[:500])
+
     async def _project(self, batch: MonitorBatch, sanitize: bool) -> list[TopicPartition]:
         assert self._store is not None and self._producer is not None
         started = time.monotonic()
         async with self._store.transaction(batch) as fresh:
+            if self._database_lost:
+                # This connection found a restarted server: write nothing on what it may
+                # have lost; resync first.
+                raise DatabaseRestarted("the database restarted")
             patches = await self._store.write(fresh, sanitize)
             outgoing: list[OutRecord] = list(fresh.dead)
             outgoing += [self.outbound.permanently_failed(e, self._headers(fresh, e))
@@ -313,9 +374,20 @@ class MonitorService:
             try:
                 await housekeeping.round(await self._caught_up_on_heartbeats())
             except UNAVAILABLE as exc:  # waited out: the next round tries again
+                self._database_lost = True
                 log(logger, "housekeeping_postponed", logging.WARNING, error=str(exc))
             except KafkaException as exc:
                 log(logger, "housekeeping_postponed", logging.WARNING, error=str(exc))
+
+    async def _connection_made(self, conn: asyncpg.Connection) -> None:
+        """Every new connection checks when the server started: a restart noticed before
+        anything is written on it (the server came back between two batches, no write
+        failed) still resyncs the projection."""
+        started = await conn.fetchval(query("postmaster_started"))
+        if self._postmaster_started is not None and started != self._postmaster_started:
+            log(logger, "database_restarted", logging.WARNING)
+            self._database_lost = True
+        self._postmaster_started = started
 
     async def _caught_up_on_heartbeats(self) -> bool:
         """Only the monitor that owns `heartbeats` and has read it to the end may call a

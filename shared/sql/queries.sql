@@ -417,3 +417,6 @@ LIMIT $3;
 -- Which of these jobs some DEPENDENT job waits for (read in the projection's transaction:
 -- every monitor sees the dependencies, whichever of them projected the definitions).
 SELECT DISTINCT upstream_job_id FROM job_dependencies WHERE upstream_job_id = ANY($1::text[]);
+
+-- name: postmaster_started
+SELECT pg_postmaster_start_time();
