@@ -240,8 +240,17 @@ class IdempotentProducer:
         if err is not None:
             self._errors.append(err.str())
 
-    def produce(self, record: OutRecord) -> None:
-        produce(self._producer, record, self._on_delivery)
+    def produce(self, record: OutRecord,
+                on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
+        """Queue one record; `on_delivery` is called (from a later poll) with its outcome."""
+        if on_delivery is None:
+            produce(self._producer, record, self._on_delivery)
+        else:
+            def both(err: KafkaError | None, msg: Message) -> None:
+                self._on_delivery(err, msg)
+                on_delivery(err, msg)
+
+            produce(self._producer, record, both)
         self._producer.poll(0)
 
     def poll(self, timeout: float = 0) -> None:

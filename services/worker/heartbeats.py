@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable
 from uuid import UUID
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.lifecycle import wait_or_stop
@@ -38,13 +39,26 @@ class Heartbeats:
         self.queues = queues
         self.running = running
         self.hostname = socket.gethostname()
+        self._delivered = time.monotonic()  # when the latest delivered heartbeat was sent
 
     def send(self, status: WorkerStatus) -> None:
         beat = Heartbeat(worker_id=self.worker_id, hostname=self.hostname, status=status,
                          sent_at=now_utc(), running=self.running(), capacity=self.capacity,
                          queues=self.queues)
+        sent = time.monotonic()
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                self._delivered = max(self._delivered, sent)
+
         self.producer.produce(OutRecord(self.topics.heartbeats, self.worker_id.encode(),
-                                        beat.to_json(), new_headers()))
+                                        beat.to_json(), new_headers()), delivered)
+
+    def silent_for(self) -> float:
+        """Seconds since the latest heartbeat that reached Kafka was sent: past dead_after,
+        the monitor may have declared this worker dead (and fenced it)."""
+        self.producer.poll(0)
+        return time.monotonic() - self._delivered
 
     async def loop(self, status: Callable[[], WorkerStatus], interval: float,
                    done: asyncio.Event) -> None:

@@ -119,7 +119,6 @@ class WorkerService:
         self._paused = False
         self._fill_until = 0.0
         self._assignments = 0  # bumped by every rebalance callback
-        self._producer_assignments = 0  # the assignment the producer was (re)made for
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -305,18 +304,23 @@ class WorkerService:
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> bool:
         """Commit one turn; whether it committed (read back when the outcome is unknown)."""
         assert self._producer is not None and self._consumer is not None
-        if self._assignments != self._producer_assignments:
-            # A rebalance happened (after a broker restart, say): take a fresh producer
-            # before the next transaction — one that cached the old group coordinator can
-            # hang in send_offsets_to_transaction (librdkafka #5511).
-            self._producer_assignments = self._assignments
-            await self._producer.reset()
+        # (No fresh producer after a rebalance here, unlike the dispatcher: a worker's
+        # producer keeps its epoch so that the monitor's fence of a worker it declared dead
+        # stays in force — docs/decisions/0008.)
         assignments = self._assignments
         try:
             await self._producer.commit(records, offsets or None,
                                         self._consumer.consumer.consumer_group_metadata)
             return True
         except TransactionOutcomeUnknown as exc:
+            # The producer was replaced (a new epoch). Had the monitor declared this worker
+            # dead meanwhile (no heartbeat delivered for dead_after), that fence is gone now:
+            # stop rather than report what runs elsewhere by now.
+            assert self._heartbeats is not None
+            if self._heartbeats.silent_for() > self.settings.worker_dead_after_seconds:
+                log(logger, "worker_presumed_dead", logging.ERROR, worker_id=self.worker_id,
+                    silent_seconds=round(self._heartbeats.silent_for(), 1))
+                raise ProducerFenced("no heartbeat delivered for longer than dead_after") from exc
             committed = await self._committed_through(offsets) and assignments == self._assignments
             log(logger, "worker_transaction_settled", logging.WARNING, error=str(exc),
                 committed=committed)
