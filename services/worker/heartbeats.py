@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from uuid import UUID
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaException
 
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.lifecycle import wait_or_stop
@@ -39,26 +39,25 @@ class Heartbeats:
         self.queues = queues
         self.running = running
         self.hostname = socket.gethostname()
-        self._delivered = time.monotonic()  # when the latest delivered heartbeat was sent
+        self._sent = time.monotonic()  # when the latest heartbeat was produced
+        self.longest_gap = 0.0  # the longest time between two heartbeats so far
 
     def send(self, status: WorkerStatus) -> None:
         beat = Heartbeat(worker_id=self.worker_id, hostname=self.hostname, status=status,
                          sent_at=now_utc(), running=self.running(), capacity=self.capacity,
                          queues=self.queues)
-        sent = time.monotonic()
-
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is None:
-                self._delivered = max(self._delivered, sent)
-
+        now = time.monotonic()
+        self.longest_gap = max(self.longest_gap, now - self._sent)
+        self._sent = now
         self.producer.produce(OutRecord(self.topics.heartbeats, self.worker_id.encode(),
-                                        beat.to_json(), new_headers()), delivered)
+                                        beat.to_json(), new_headers()))
 
     def silent_for(self) -> float:
-        """Seconds since the latest heartbeat that reached Kafka was sent: past dead_after,
-        the monitor may have declared this worker dead (and fenced it)."""
-        self.producer.poll(0)
-        return time.monotonic() - self._delivered
+        """How long this worker went without producing a heartbeat, at the most: past
+        dead_after the monitor may have declared it dead (and fenced it) — a process that
+        was paused, a loop that was stuck. (A broker that is away does not count: heartbeats
+        produced meanwhile are delivered when it is back, with the time they were sent.)"""
+        return max(self.longest_gap, time.monotonic() - self._sent)
 
     async def loop(self, status: Callable[[], WorkerStatus], interval: float,
                    done: asyncio.Event) -> None:

@@ -314,8 +314,8 @@ class WorkerService:
             return True
         except TransactionOutcomeUnknown as exc:
             # The producer was replaced (a new epoch). Had the monitor declared this worker
-            # dead meanwhile (no heartbeat delivered for dead_after), that fence is gone now:
-            # stop rather than report what runs elsewhere by now.
+            # dead meanwhile (no heartbeat for dead_after: paused, stuck), that fence is gone
+            # now: stop rather than report what runs elsewhere by now.
             assert self._heartbeats is not None
             if self._heartbeats.silent_for() > self.settings.worker_dead_after_seconds:
                 log(logger, "worker_presumed_dead", logging.ERROR, worker_id=self.worker_id,
