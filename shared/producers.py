@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 # A transaction normally commits in milliseconds (a few hundred at the most, under load);
 # past this something is stuck. It bounds how long a broker restart can hold a service.
-TRANSACTION_DEADLINE = 6.0
+TRANSACTION_DEADLINE = 4.0
 # Largest value we ever produce (the broker's default message.max.bytes is ~1 MB; our own
 # records are bounded far below, dead-letter copies are truncated to fit).
 MAX_PRODUCE_BYTES = 900 * 1024
