@@ -59,6 +59,9 @@ def client_config(settings: Settings, client_id: str) -> dict[str, Any]:
         "client.id": client_id,
         # librdkafka's own log lines go through our formatter, not raw to stderr.
         "logger": logging.getLogger("librdkafka"),
+        # Reconnect within a second of a broker coming back (librdkafka's backoff grows to
+        # 10 s while it is away, which alone would delay recovery by as much).
+        "reconnect.backoff.max.ms": 1000,
     }
     conf.update(settings.kafka_config)
     return conf
