@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 # A transaction normally commits in milliseconds (a few hundred at the most, under load);
 # past this something is stuck. It bounds how long a broker restart can hold a service.
 TRANSACTION_DEADLINE = 4.0
+# init_transactions() waits out a broker that restarts (its transaction coordinator loads,
+# an open transaction of the predecessor is aborted first); past this it is stuck.
+INIT_DEADLINE = 60.0
 # Largest value we ever produce (the broker's default message.max.bytes is ~1 MB; our own
 # records are bounded far below, dead-letter copies are truncated to fit).
 MAX_PRODUCE_BYTES = 900 * 1024
@@ -54,6 +57,11 @@ class TransactionAborted(Exception):
 class TransactionOutcomeUnknown(TransactionAborted):
     """The transaction hung and its producer was replaced: it may have committed or not.
     The new producer has settled it, so committed offsets and state topics tell which."""
+
+
+class ProducerStuck(RuntimeError):
+    """A producer call that must not be abandoned (init) did not return: the process must
+    exit (its supervisor restarts it), which is the only sure way to end that call."""
 
 
 class RecordTooLarge(ValueError):
@@ -172,20 +180,24 @@ class TransactionalProducer:
 
     async def init(self, patience: float | None = None) -> None:
         """Take ownership of the transactional.id, fencing any previous owner. A broker that
-        is away is waited for (with backoff) up to `patience` seconds (None: for ever)."""
+        is away is waited for (with backoff) up to `patience` seconds (None: for ever).
+
+        An init call is never abandoned: one left running would bump the epoch when it
+        finally returns and fence the producer that replaced it. One that does not return
+        within INIT_DEADLINE raises ProducerStuck: the service must exit, which ends it."""
         started = time.monotonic()
         backoff = 0.5
         while True:
             try:
-                await self._lane.call(self._blocking.init, self.deadline, deadline=self.deadline * 2)
+                await self._lane.call(self._blocking.init, self.deadline, deadline=INIT_DEADLINE)
                 return
-            except (KafkaException, CallTimedOut) as exc:
+            except CallTimedOut as exc:
+                raise ProducerStuck(str(exc)) from None
+            except KafkaException as exc:
                 if patience is not None and time.monotonic() - started > patience:
                     raise
                 log(logger, "transactions_init_retried", logging.WARNING,
                     transactional_id=self.transactional_id, error=str(exc))
-                if isinstance(exc, CallTimedOut):
-                    self._replace()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -220,13 +232,19 @@ class TransactionalProducer:
         self._blocking = self._lane.run(_Blocking, self.conf, deadline=self.deadline)
 
     async def close(self) -> None:
-        """Drop the producer; an open transaction is aborted by the broker or successor."""
+        """Drop the producer; an open transaction is aborted by the broker or successor.
+
+        Waits for what the lane still runs (an init must finish before anyone else takes
+        the transactional.id: it would fence them); ProducerStuck if it does not."""
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(CallTimedOut):
-            await self._lane.call(self._blocking.close, deadline=5.0)
-        self._lane.close()
+        try:
+            await self._lane.call(self._blocking.close, deadline=INIT_DEADLINE)
+        except CallTimedOut as exc:
+            raise ProducerStuck(str(exc)) from None
+        finally:
+            self._lane.close()
 
 
 class IdempotentProducer:
