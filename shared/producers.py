@@ -41,6 +41,9 @@ TRANSACTION_DEADLINE = 4.0
 # init_transactions() waits out a broker that restarts (its transaction coordinator loads,
 # an open transaction of the predecessor is aborted first); past this it is stuck.
 INIT_DEADLINE = 60.0
+# Between init attempts while the broker is away: short, so that a returning broker is
+# used within a second (each attempt already waits `deadline` for an answer).
+INIT_BACKOFF_MAX = 1.0
 # Largest value we ever produce (the broker's default message.max.bytes is ~1 MB; our own
 # records are bounded far below, dead-letter copies are truncated to fit).
 MAX_PRODUCE_BYTES = 900 * 1024
@@ -199,7 +202,7 @@ class TransactionalProducer:
                 log(logger, "transactions_init_retried", logging.WARNING,
                     transactional_id=self.transactional_id, error=str(exc))
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, INIT_BACKOFF_MAX)
 
     async def commit(self, records: Iterable[OutRecord], offsets: list[TopicPartition] | None = None,
                      group_metadata: Callable[[], Any] | None = None, attempts: int = 3) -> None:
@@ -222,6 +225,19 @@ class TransactionalProducer:
         """Throw the producer away (and its lane, which may be stuck in a call) and take
         the transactional.id again with a new one, which fences and settles the old."""
         metrics.PRODUCER_RESETS.labels(service=metrics.service()).inc()
+        self._replace()
+        await self.init()
+        log(logger, "producer_replaced", transactional_id=self.transactional_id)
+
+    async def renew(self) -> None:
+        """Swap an idle producer for a fresh one under the same transactional.id (a
+        precaution, not a repair: the old one is closed cleanly, not abandoned)."""
+        try:
+            await self._lane.call(self._blocking.close, deadline=self.deadline)
+        except CallTimedOut:
+            pass  # stuck after all: _replace abandons its lane
+        else:
+            self._lane.close(wait=self.deadline)
         self._replace()
         await self.init()
         log(logger, "producer_replaced", transactional_id=self.transactional_id)

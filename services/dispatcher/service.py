@@ -173,7 +173,7 @@ class DispatcherService:
                 # A fresh producer after a rebalance: one that cached the old group
                 # coordinator (a broker restart) can hang in send_offsets (librdkafka #5511).
                 self._rebalanced = False
-                await self._producer.reset()
+                await self._producer.renew()
             await self._producer.commit(records, batch.offsets(),
                                         self._consumer.consumer.consumer_group_metadata)
         except TransactionAborted as exc:

@@ -1,7 +1,10 @@
 """Housekeeping: dead workers, orphaned executions, next runs, fleet figures.
 
-Run once a second by the monitor that owns `heartbeats` and has read it to its end (a
-monitor that is catching up would see every worker as silent).
+Run once a second. Only a monitor that has *watched* `heartbeats` — owned it, read it to
+its end and reached the broker in every round — for `dead_after` on end may call a worker
+dead or an execution orphaned: one that is catching up, or that was cut off from the
+broker (a broker restart cuts off everyone, workers included), would see every worker as
+silent, fence the whole fleet and re-queue what it is running (see `Sight`).
 
 Dead workers (SPEC §5.7). A worker silent for `CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`:
 1. is *fenced*: the monitor takes the worker's transactional.id (`init_transactions()`),
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -57,6 +61,29 @@ CATCH_UP_SECONDS = 20.0
 FENCE_PATIENCE = 20.0
 
 
+class Sight:
+    """How long this monitor has watched the heartbeats without a break.
+
+    Silence is evidence only for a gap the monitor itself watched: after a break (no
+    ownership, behind the end, the broker unreachable) every worker gets `dead_after`
+    again, counted from when the monitor could see once more."""
+
+    def __init__(self, dead_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dead_after = dead_after
+        self.clock = clock
+        self._since: float | None = None
+
+    def observe(self, watching: bool) -> bool:
+        """Record one round's view; whether silence may now be taken as death."""
+        if not watching:
+            self._since = None
+            return False
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self.dead_after
+
+
 class Housekeeping:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, store: ProjectionStore, *,
                  producer: IdempotentProducer, outbound: Outbound, instance: str) -> None:
@@ -69,21 +96,23 @@ class Housekeeping:
         self.instance = instance
         self._reader: ConsumerThread | None = None
         self.rounds = 0
+        self.sight = Sight(settings.worker_dead_after_seconds)
 
     async def close(self) -> None:
         if self._reader is not None:
             await self._reader.close()
 
-    async def round(self, owner: bool) -> None:
-        """One round; `owner`: this monitor owns `heartbeats` and has read it to the end."""
+    async def round(self, watching: bool) -> None:
+        """One round; `watching`: this monitor owns `heartbeats`, has read it to the end and
+        reached the broker to tell."""
         self.rounds += 1
-        if owner:
+        if self.sight.observe(watching):  # silence has been watched long enough to judge
             await self.requeue_dead_workers()
             if self.rounds % ORPHAN_EVERY == 0:
                 await self.requeue_orphans()
         if self.rounds % FIGURES_EVERY == 0:
             await self.refresh_next_executions()
-            if owner:  # one monitor measures the fleet-wide gauges, so that sums stay true
+            if watching:  # one monitor measures the fleet-wide gauges, so that sums stay true
                 await self.measure_fleet()
 
     # -- dead workers ---------------------------------------------------------------------

@@ -391,7 +391,9 @@ class MonitorService:
 
     async def _caught_up_on_heartbeats(self) -> bool:
         """Only the monitor that owns `heartbeats` and has read it to the end may call a
-        worker dead: one that is catching up would see every worker as silent."""
+        worker dead: one that is catching up would see every worker as silent. The end is
+        asked of the broker (not the last fetch's cached figure, which stays "caught up"
+        while the broker is away)."""
         assert self._consumer is not None
         consumer = self._consumer.consumer
         tp = TopicPartition(self.topics.heartbeats, 0)
@@ -400,7 +402,11 @@ class MonitorService:
             if tp not in [TopicPartition(a.topic, a.partition) for a in consumer.assignment()]:
                 return False
             position = consumer.position([tp])[0].offset
-            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            try:
+                _low, high = consumer.get_watermark_offsets(tp, timeout=HOUSEKEEPING_SECONDS,
+                                                            cached=False)
+            except KafkaException:
+                return False  # the broker cannot be reached: this round saw nothing
             return position >= 0 and high >= 0 and high - position <= 10
 
         return bool(await self._consumer.call(check))

@@ -170,8 +170,6 @@ def test_a_join_whose_upstreams_finish_under_two_monitors_runs_once(
         m.wait_for_log("action=partitions_assigned")
     t = topics.topics
     # Upstreams chosen to land on different partitions of three (the keys hash apart).
-    produce_json(topics, t.job_definitions, "root", {
-        "job_id": "root", "type": "INTERVAL", "interval_seconds": 3, "handler": "noop"})
     for name in ("left", "right", "middle"):
         produce_json(topics, t.job_definitions, name, {
             "job_id": name, "type": "DEPENDENT", "depends_on": ["root"], "handler": "noop"})
@@ -179,6 +177,12 @@ def test_a_join_whose_upstreams_finish_under_two_monitors_runs_once(
     produce_json(topics, t.job_definitions, "join", {
         "job_id": "join", "type": "DEPENDENT", "depends_on": ["left", "right", "middle"],
         "handler": "test.write", "params": {"path": str(path)}})
+    # The whole DAG is known before its root fires (a step defined after a run started
+    # does not join that run).
+    eventually(lambda: len(sql(topics.database_url, "SELECT 1 FROM job_dependencies")) == 6, 30,
+               message="the DAG is projected")
+    produce_json(topics, t.job_definitions, "root", {
+        "job_id": "root", "type": "INTERVAL", "interval_seconds": 3, "handler": "noop"})
     eventually(lambda: len({r["run_id"] for r in rows(topics, "join")
                             if r["status"] == "COMPLETED"}) >= 4, 60,
                message="the join completes in four runs")

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Message
 from pydantic import ValidationError
 
+from cronstream.services.monitor.housekeeping import Sight
 from cronstream.services.scheduler.clock import Clock
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.condition import ConditionError, parse_condition
@@ -162,3 +163,22 @@ def test_json_logs_carry_the_same_keys(caplog: pytest.LogCaptureFixture) -> None
     assert {k: line[k] for k in ("level", "service", "action", "job_id", "fired", "note")} == {
         "level": "info", "service": "scheduler", "action": "job_fired", "job_id": "etl",
         "fired": 3, "note": "a b"}
+
+
+def test_silence_counts_only_while_the_monitor_watched_it() -> None:
+    """A broker restart cuts the monitor off as much as the workers: their silence during
+    it is no evidence, and every worker gets dead_after again from when the monitor can
+    see (issue 9: a broker restart had the monitor fence and re-queue the whole fleet)."""
+    now = [0.0]
+    sight = Sight(dead_after=5.0, clock=lambda: now[0])
+    assert not sight.observe(True)  # a monitor that just started has watched nothing
+    now[0] = 5.0
+    assert sight.observe(True)
+    now[0] = 6.0
+    assert not sight.observe(False)  # the broker is unreachable
+    now[0] = 20.0
+    assert not sight.observe(True)  # back: the 14 s of silence do not count
+    now[0] = 24.9
+    assert not sight.observe(True)
+    now[0] = 25.0
+    assert sight.observe(True)
