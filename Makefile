@@ -48,12 +48,13 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser) against real Kafka and PostgreSQL
+test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser, short chaos) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
 	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q || status=$$?; fi; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); \
+	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory chaos-short || status=$$?; fi; \
 	exit $$status
 
 test-unit: install ## Unit tests only (no servers)
