@@ -104,6 +104,6 @@ chaos: install ## The chaos suite (own servers; faults under load), $(CHAOS_RUNS
 
 chaos-short: install ## The short form of the chaos suite: a few faults, short windows (~5 min)
 	@since=$$(date -u +%Y-%m-%dT%H:%M:%S); status=0; \
-	CRONSTREAM_CHAOS_SHORT=1 $(BIN)/pytest tests/chaos -m chaos_short -p no:cacheprovider -q -rA \
+	CRONSTREAM_CHAOS_SHORT=1 $(BIN)/pytest tests/chaos -m chaos_short -p no:cacheprovider -q -rfE \
 		|| status=$$?; \
 	$(BIN)/python -m tests.chaos.summary --since $$since; exit $$status
