@@ -4,6 +4,7 @@ counted by what *completed inside* the measuring window.
     python -m bench.e2e_throughput                      # the whole programme below
     BENCH_RATES=3000 BENCH_SECONDS=60 python -m bench.e2e_throughput   # one rate only
     BENCH_HANDLER=bench.echo ...                        # the process-pool path
+    BENCH_TRACING=1 ...                                 # every span exported (issue 10)
 
 For each offered rate (N interval jobs every second, spread over the second):
 - `completed_per_second`: executions whose `completed_at` (COMPLETED, in PostgreSQL) falls
@@ -18,7 +19,9 @@ For each offered rate (N interval jobs every second, spread over the second):
 Programme (`make bench`): step the offered rate up until start-lag p99 exceeds 1 s or
 completions fall below 95 % of offered — the last rate that held is the ceiling — then
 offer twice the ceiling for the window (completions must stay ≥ 90 % of the ceiling: no
-congestion collapse), and 3,000/s through the process pool. SPEC §9 targets: ceiling ≥
+congestion collapse), 3,000/s through the process pool, and 3,000/s with tracing on —
+sampled 100 %, exported over OTLP/HTTP to a receiver on loopback in this process — against
+3,000/s with it off (the default: no exporter configured). SPEC §9 targets: ceiling ≥
 6,000/s, start lag p99 ≤ 250 ms at 3,000/s, CPU per execution at least halved.
 """
 
@@ -38,6 +41,7 @@ from cronstream.client import Client
 from cronstream.infra import Infra
 from cronstream.shared.records import JobDefinition
 from cronstream.shared.settings import Settings
+from tests.otlp import Receiver
 from tests.support import ServiceProcess, eventually, sql
 
 CEILING_P99_SECONDS = 1.0
@@ -104,19 +108,34 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def run_rate(rate: int, seconds: int, handler: str = "noop", *, workers: int = 2,
-             concurrency: int = 64, warmup: int = 10) -> dict[str, Any]:
+             concurrency: int = 64, warmup: int = 10, tracing: bool = False) -> dict[str, Any]:
     """One offered rate on a fresh system; the figures of its window."""
+    if tracing:
+        with Receiver.serving(keep=False) as receiver:
+            figures = _run_rate(rate, seconds, handler, workers=workers, concurrency=concurrency,
+                                warmup=warmup, env={
+                                    "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                                    "OTEL_TRACES_SAMPLER": "always_on"})
+            figures["tracing"] = {"sampled": 1.0, "spans_received": receiver.received}
+            return figures
+    return _run_rate(rate, seconds, handler, workers=workers, concurrency=concurrency,
+                     warmup=warmup, env={})
+
+
+def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrency: int,
+              warmup: int, env: dict[str, str]) -> dict[str, Any]:
     system = BenchSystem(f"e2e_{rate}")
     try:
         procs: dict[str, ServiceProcess] = {
-            "monitor": system.start("monitor", name="monitor"),
-            "dispatcher": system.start("dispatcher", name="dispatcher"),
-            "scheduler": system.start("scheduler", name="scheduler"),
+            "monitor": system.start("monitor", name="monitor", env=env),
+            "dispatcher": system.start("dispatcher", name="dispatcher", env=env),
+            "scheduler": system.start("scheduler", name="scheduler", env=env),
         }
         for i in range(workers):
             procs[f"worker-{i}"] = system.start(
                 "worker", "--worker-id", f"bench-w{i}", "--concurrency", str(concurrency),
-                "--import", "bench.handlers", name=f"worker-{i}", env={"PYTHONPATH": os.getcwd()})
+                "--import", "bench.handlers", name=f"worker-{i}",
+                env={**env, "PYTHONPATH": os.getcwd()})
         procs["scheduler"].wait_for_log("action=leader_ready")
         for name, proc in procs.items():
             if name != "scheduler":
@@ -180,9 +199,10 @@ def holds(figures: dict[str, Any]) -> bool:
 def main() -> dict[str, Any]:
     seconds = int(os.environ.get("BENCH_SECONDS", "60"))
     handler = os.environ.get("BENCH_HANDLER", "noop")
+    tracing = os.environ.get("BENCH_TRACING", "") not in ("", "0")
     given = os.environ.get("BENCH_RATES")
     if given:
-        runs = [run_rate(int(r), seconds, handler) for r in given.split(",")]
+        runs = [run_rate(int(r), seconds, handler, tracing=tracing) for r in given.split(",")]
         figures: dict[str, Any] = {"runs": runs}
         write_result("e2e_throughput", figures)
         return figures
@@ -207,6 +227,8 @@ def main() -> dict[str, Any]:
         result["overload_2x"]["completions_vs_ceiling"] = round(
             result["overload_2x"]["completed_per_second"] / ceiling["completed_per_second"], 3)
         result["process_pool_3000"] = run_rate(3000, seconds, "bench.echo")
+    result["tracing_off_3000"] = result.get("at_3000") or run_rate(3000, seconds, handler)
+    result["tracing_on_3000"] = run_rate(3000, seconds, handler, tracing=True)
     write_result("e2e_throughput", result)
     return result
 
