@@ -53,7 +53,7 @@ def decode(
     if len(value) > max_bytes:
         raise DecodeError(f"record is {len(value)} bytes; the limit is {max_bytes}")
     try:
-        record = model.model_validate_json(value)
+        record = model.model_validate_json(value, context={"raw_size": len(value)})
     except ValidationError as exc:
         raise DecodeError(_major_version_problem(model, exc)
                           or f"invalid {model.__name__}: {describe(exc)}") from None
@@ -103,6 +103,8 @@ def decode_many(model: type[T], values: list[bytes]) -> list[T] | None:
     if adapter is None:
         adapter = _LIST_ADAPTERS[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
     try:
-        return adapter.validate_json(b"[" + b",".join(values) + b"]")  # type: ignore[return-value]
+        return adapter.validate_json(  # type: ignore[return-value]
+            b"[" + b",".join(values) + b"]",
+            context={"raw_size": max(len(v) for v in values)})  # each record's own size
     except Exception:  # the slow path names the bad record
         return None

@@ -182,3 +182,16 @@ def test_silence_counts_only_while_the_monitor_watched_it() -> None:
     assert not sight.observe(True)
     now[0] = 25.0
     assert sight.observe(True)
+
+
+def test_params_that_grow_past_the_limit_when_re_encoded_are_refused_from_a_small_record() -> None:
+    """The decoder skips re-encoding params only for records far under the limit; exponent
+    numbers, which grow the most when re-encoded, still meet the limit."""
+    from cronstream.shared.records import MAX_PARAMS_BYTES, REENCODE_GROWTH
+    count = 4000  # "1e15" re-encodes as "1000000000000000.0": 4.5 times longer
+    raw = ('{"job_id":"x","type":"ONE_TIME","handler":"noop","run_at":"2026-01-01T00:00:00Z",'
+           '"params":{"v":[' + ",".join(["1e15"] * count) + "]}}").encode()
+    assert len(raw) < MAX_PARAMS_BYTES < len(raw) * REENCODE_GROWTH
+    with pytest.raises(DecodeError, match="params: is 76007 bytes of JSON"):
+        decode(JobDefinition, raw)
+    assert len(b"1e15,") * REENCODE_GROWTH >= len(b"1000000000000000.0,")  # the bound holds

@@ -110,3 +110,34 @@ def test_metrics_are_prometheus_text(served: tuple[Health, int]) -> None:
     assert "cronstream_worker_slots 8.0" in body
     assert 'cronstream_build_info{service="worker"' in body
     assert "cronstream_scheduler_leader" not in body  # only the running service's own
+
+
+def test_a_failing_background_task_is_restarted_and_one_that_keeps_failing_ends_the_service() -> None:
+    """Issue 9, item 2: no background task dies silently — it restarts with backoff; past
+    its failure budget liveness fails and the service stops (to be restarted)."""
+    from cronstream.shared.lifecycle import TaskGaveUp, supervise
+
+    async def scenario() -> None:
+        health = Health("monitor")
+        stopping = asyncio.Event()
+        calls = {"flaky": 0, "broken": 0}
+
+        async def flaky() -> None:
+            calls["flaky"] += 1
+            if calls["flaky"] < 3:
+                raise RuntimeError("the database went away")
+
+        async def broken() -> None:
+            calls["broken"] += 1
+            raise RuntimeError("always")
+
+        await supervise("flaky", flaky, health, stopping, max_failures=3)
+        assert calls["flaky"] == 3 and health.live()[0] and not stopping.is_set()
+        with pytest.raises(TaskGaveUp, match="broken gave up"):
+            await supervise("broken", broken, health, stopping, max_failures=2)
+        assert calls["broken"] == 2
+        assert stopping.is_set()
+        live, why = health.live()
+        assert not live and "broken failed 2 times" in why
+
+    asyncio.run(scenario())
