@@ -79,6 +79,10 @@ logger = logging.getLogger(__name__)
 SERVICE = "worker"
 PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
 PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the first start
+# Turns (transactions) start at least this far apart: under load a turn carries the starts
+# and ends of many executions instead of one transaction each (a transaction costs the
+# broker far more than a record); idle, nothing waits for it.
+TURN_GAP_SECONDS = 0.02
 
 
 class Runner(Protocol):
@@ -118,6 +122,7 @@ class WorkerService:
         self._buffer_limit = max(1000, 4 * self.capacity)
         self._paused = False
         self._fill_until = 0.0
+        self._last_turn = 0.0
         self._assignments = 0  # bumped by every rebalance callback
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
@@ -212,7 +217,9 @@ class WorkerService:
             else:
                 await self._set_paused(False)
             busy = self.running or self._finished or self._buffered()
-            timeout = 0.0 if self._finished else (0.02 if busy else 0.1)
+            # Finished executions are reported within one turn gap of the last turn.
+            since = time.monotonic() - self._last_turn
+            timeout = max(0.0, TURN_GAP_SECONDS - since) if self._finished else (0.02 if busy else 0.1)
             messages = await self._consumer.consume(max(1, room), timeout)
             for msg in self.inbound.batch(messages).records:
                 self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
@@ -271,6 +278,7 @@ class WorkerService:
         records.extend(progress)
         if not records and not batch.next_offsets:
             return
+        self._last_turn = time.monotonic()
         if not await self._commit(records, batch.offsets()):
             self._finished = finished + self._finished  # report them in the next turn
             for run in starts:
