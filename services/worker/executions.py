@@ -56,6 +56,9 @@ class Finished:
     outcome: Outcome
     completed_at: datetime
     status: str = ""  # the status reported (set when its records are built)
+    # Built once: a turn whose outcome is unknown reports them again, byte for byte, so a
+    # repeat carries the same event_id (and the same retry) and consumers drop it.
+    records: list[OutRecord] | None = None
 
 
 class Reporter:
@@ -80,7 +83,9 @@ class Reporter:
 
     def finished(self, done: Finished) -> list[OutRecord]:
         """The terminal event of a finished execution, and the RetryRequest of its next
-        attempt when it failed with attempts left."""
+        attempt when it failed with attempts left. The same records every time it is asked."""
+        if done.records is not None:
+            return done.records
         run, outcome = done.running, done.outcome
         status: ExecutionStatus = outcome.status
         records: list[OutRecord] = []
@@ -103,6 +108,7 @@ class Reporter:
         log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
             job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
             attempt=run.due.attempt_number, error=error, trace_id=run.trace_id)
+        done.records = records
         return records
 
     def requeued(self, run: Running, why: str) -> list[OutRecord]:

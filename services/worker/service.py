@@ -340,7 +340,7 @@ class WorkerService:
     async def _committed_through(self, offsets: list[TopicPartition]) -> bool:
         """Whether the group's committed offsets reach `offsets` (read from the broker)."""
         if not offsets:
-            return False  # nothing to tell by: report the rest again (ids dedupe)
+            return False  # nothing to tell by: report them again (same records: executions.Finished)
         assert self._consumer is not None
         consumer = self._consumer.consumer
         try:

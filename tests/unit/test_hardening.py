@@ -195,3 +195,30 @@ def test_params_that_grow_past_the_limit_when_re_encoded_are_refused_from_a_smal
     with pytest.raises(DecodeError, match="params: is 76007 bytes of JSON"):
         decode(JobDefinition, raw)
     assert len(b"1e15,") * REENCODE_GROWTH >= len(b"1000000000000000.0,")  # the bound holds
+
+
+def test_a_finished_execution_reported_again_after_an_unknown_outcome_is_the_same_record() -> None:
+    """A turn whose transaction outcome is unknown (a broker lost mid-commit) may have
+    committed; its finished executions are reported again. The repeat must be the same
+    event (same event_id) and the same retry, so the projection and every consumer drop it
+    instead of seeing a second terminal event (seen in the chaos suite's leader loss)."""
+    import uuid
+
+    from cronstream.services.worker.executions import Finished, Reporter, Running
+    from cronstream.services.worker.runner import Outcome
+    from cronstream.shared.records import ExecutionEvent, JobSnapshot
+    from cronstream.shared.telemetry import Hop
+
+    reporter = Reporter(TOPICS, "w1")
+    for outcome in (Outcome("COMPLETED", result={"ok": 1}), Outcome("FAILED", error="boom")):
+        due = JobDue(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(),
+                     scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
+                     delivery=1, idempotency_key="k",
+                     job=JobSnapshot(handler="noop", max_retries=2))
+        done = Finished(Running(due, Hop("cronstream.run", []), datetime(2026, 11, 30, tzinfo=UTC)),
+                        outcome, datetime(2026, 11, 30, 0, 0, 1, tzinfo=UTC))
+        first, again = reporter.finished(done), reporter.finished(done)
+        assert [(r.topic, r.key, r.value) for r in again] == [(r.topic, r.key, r.value) for r in first]
+        event = ExecutionEvent.model_validate_json(first[0].value)
+        assert event.status == outcome.status
+        assert len(first) == (2 if outcome.status == "FAILED" else 1)  # FAILED: its retry too
