@@ -60,6 +60,10 @@ DEFINITIONS_PER_ROUND = 10_000
 # job due in the gap instead of a transaction per few jobs (a transaction costs the broker
 # far more than a record); a lone fire is never held back more than this.
 ROUND_GAP_SECONDS = 0.02
+# ...except when catching up (fires found this late after an outage or a takeover): each
+# round then fires one missed occurrence per job, and waiting between rounds would only
+# hold back the newest fires, which come last.
+CATCH_UP_LAG_MS = 1000
 
 
 def time_ms() -> int:
@@ -314,7 +318,8 @@ class Leader:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
             gap = ROUND_GAP_SECONDS - (time.monotonic() - last_round)
-            if gap > 0:
+            catching_up = due is not None and now - due > CATCH_UP_LAG_MS
+            if gap > 0 and not catching_up:
                 await asyncio.sleep(gap)
                 continue
             last_round = time.monotonic()

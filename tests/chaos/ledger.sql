@@ -37,6 +37,14 @@ FROM execution_events
 WHERE job_id = ANY($1::text[]) AND status = 'REQUEUED'
 ORDER BY occurred_at;
 
+-- name: first_start_per_job
+-- For each job, the first start of any of its executions after `$2` (a fault's end): its
+-- partition moves again, whatever backlog the fault left in front of its new fires.
+SELECT job_id, min(started_at) AS first_started
+FROM job_executions
+WHERE job_id = ANY($1::text[]) AND started_at > $2
+GROUP BY job_id;
+
 -- name: first_completion_per_job
 -- For each job, the first start and the first completion of a fire scheduled after `$2`
 -- (a fault's end).

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.chaos.conftest import RunFactory
-from tests.chaos.harness import RESTART_TARGET_SECONDS, hold_for, hold_until, short_or_full
+from tests.chaos.harness import (
+    NODE_LOSS_TARGET_SECONDS,
+    RESTART_TARGET_SECONDS,
+    hold_for,
+    hold_until,
+    short_or_full,
+)
 from tests.chaos.servers import ChaosCluster
 
 
@@ -31,7 +37,7 @@ def test_cluster_loses_the_leader_of_the_busiest_partitions(
     run.figures["leaders_before"] = {str(node): n for node, n in leaders.items()}
     run.figures["victim"] = victim
     cluster.kill_node(victim)
-    run.fault_ended(f"leader node {victim} SIGKILL (stays down)", RESTART_TARGET_SECONDS)
+    run.fault_ended(f"leader node {victim} SIGKILL (stays down)", NODE_LOSS_TARGET_SECONDS)
     hold_for(short_or_full(10, 20))
     run.figures["leaders_during"] = {str(n): c for n, c in
                                      Counter(cluster.leaders(busiest).values()).items()}
