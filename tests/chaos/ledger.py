@@ -92,6 +92,27 @@ def projection_matches_log(settings: Settings) -> bool:
     return len(in_db) == len(event_ids) and {str(r["event_id"]) for r in in_db} == event_ids
 
 
+def repeats_on_log(settings: Settings) -> tuple[int, list[str]]:
+    """Events written more than once on `execution-events` (a worker re-sends a finished
+    execution's records when a lost broker left its commit's outcome unknown): how many
+    repeats, and the ids whose copies differ (a repeat must be the same record)."""
+    seen: dict[str, bytes] = {}
+    repeated, differing = 0, []
+    for msg in read_all(settings, settings.topics.execution_events):
+        value = msg.value() or b""
+        try:
+            event_id = str(json.loads(value)["event_id"])
+        except (ValueError, KeyError, TypeError, RecursionError):
+            continue  # garbage of the flood test
+        if event_id in seen:
+            repeated += 1
+            if seen[event_id] != value:
+                differing.append(event_id)
+        else:
+            seen[event_id] = value
+    return repeated, differing
+
+
 def first_attempt_dues(settings: Settings) -> Counter[str]:
     """How many first-attempt, scheduled JobDues `job-due` holds per execution id."""
     counts: Counter[str] = Counter()
@@ -151,6 +172,11 @@ def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
     if twice:
         problems.append(f"{len(twice)} (execution, delivery) pairs RUNNING more than once: "
                         f"{_sample([(r['execution_id'], r['delivery'], list(r['workers'])) for r in twice], 3)}")
+    repeated, differing = repeats_on_log(settings)
+    result.figures["events_repeated_on_log"] = repeated
+    if differing:
+        problems.append(f"{len(differing)} event ids written twice with different contents: "
+                        f"{_sample(differing, 3)}")
     equal = projection_matches_log(settings) if garbage_on_log else projection_equals_log(settings)
     result.figures["projection_equals_log"] = equal
     if not equal:
