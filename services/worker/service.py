@@ -113,6 +113,10 @@ class WorkerService:
         self.cancellations = Cancellations(self._cancel_running)
         self.status: WorkerStatus = "ACTIVE"
         self.running: dict[UUID, Running] = {}
+        # Starts whose transaction is being committed. Heartbeats list them too: the
+        # monitor re-queues a RUNNING execution that a heartbeat sent 2 s after its start
+        # does not list, and a commit can take that long (a cluster losing its leader).
+        self._starting: list[UUID] = []
         self._finished: list[Finished] = []
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
         self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
@@ -148,7 +152,8 @@ class WorkerService:
             producer_config(self.settings, f"worker-{self.worker_id}", transactional_id=tid))
         beats = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
         self._heartbeats = Heartbeats(beats, self.topics, self.worker_id, capacity=self.capacity,
-                                      queues=self.queues, running=lambda: list(self.running))
+                                      queues=self.queues,
+                                      running=lambda: [*self.running, *self._starting])
         conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
@@ -279,7 +284,12 @@ class WorkerService:
         if not records and not batch.next_offsets:
             return
         self._last_turn = time.monotonic()
-        if not await self._commit(records, batch.offsets()):
+        self._starting = [run.due.execution_id for run in starts]
+        try:
+            committed = await self._commit(records, batch.offsets())
+        finally:
+            self._starting = []
+        if not committed:
             self._finished = finished + self._finished  # report them in the next turn
             for run in starts:
                 run.hop.end("not started: the transaction did not commit")
