@@ -153,7 +153,7 @@ class WorkerService:
         beats = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
         self._heartbeats = Heartbeats(beats, self.topics, self.worker_id, capacity=self.capacity,
                                       queues=self.queues,
-                                      running=lambda: [*self.running, *self._starting])
+                                      running=self.listed)
         conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
@@ -207,6 +207,11 @@ class WorkerService:
             await consumer.close()
             await self.runner.close()
             await self._producer.close()
+
+    def listed(self) -> list[UUID]:
+        """The executions this worker's heartbeats list as its own: those running, and
+        those whose start is being committed (heartbeats.py)."""
+        return [*self.running, *self._starting]
 
     # -- the poll loop --------------------------------------------------------------
 

@@ -54,6 +54,10 @@ class _Consumer:
     def __init__(self, bus: MemoryBus) -> None:
         self.bus = bus
         self.seeks: list[tuple[str, int, int]] = []
+        self.assigned: list[TopicPartition] = []
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self.assigned)
 
     def consumer_group_metadata(self) -> str:
         return "memory-group"

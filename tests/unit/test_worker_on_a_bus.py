@@ -1,0 +1,126 @@
+"""The worker's turn through an in-memory bus (tests/unit/bus.py): what its heartbeats
+list while a start is being committed. The monitor re-queues a RUNNING execution that a
+heartbeat sent after its start does not list; a start commit can take seconds (a cluster
+losing its leader), so an execution must be listed from the moment its RUNNING event may
+commit — or it runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from cronstream.services.worker.runner import CancelSignal, Outcome
+from cronstream.services.worker.service import WorkerService
+from cronstream.shared.kafka import OFFSET_BEGINNING, OutRecord
+from cronstream.shared.records import JobDue, JobSnapshot
+from cronstream.shared.settings import Settings
+from tests.unit.bus import MemoryBus, MemoryConsumerThread, MemoryProducer
+
+SETTINGS = Settings(topic_prefix="u.", topic_partitions=3, worker_id="w1")
+T = SETTINGS.topics
+WORK = T.work("normal", "default")
+
+
+class HeldRunner:
+    """Handlers that run until the test lets them finish."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started: list[uuid.UUID] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+                  trace: Any = None) -> Outcome:
+        self.started.append(due.execution_id)
+        await self.release.wait()
+        return Outcome("COMPLETED")
+
+
+class SlowProducer(MemoryProducer):
+    """A producer whose next commit waits at the gate (a slow broker), then commits or
+    aborts as `fail_next` says."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        super().__init__(bus)
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def commit(self, records: Iterable[OutRecord], offsets: list[TopicPartition] | None = None,
+                     group_metadata: Callable[[], Any] | None = None, attempts: int = 3) -> None:
+        self.waiting.set()
+        await self.gate.wait()
+        await super().commit(records, offsets, group_metadata, attempts)
+
+
+def worker(bus: MemoryBus) -> tuple[WorkerService, SlowProducer, HeldRunner]:
+    runner = HeldRunner()
+    service = WorkerService(SETTINGS, runner)
+    producer = SlowProducer(bus)
+    service._consumer = MemoryConsumerThread(bus)  # type: ignore[assignment]
+    service._producer = producer  # type: ignore[assignment]
+    service._tier_of[WORK] = "normal"
+    service._consumer.consumer.assigned = [TopicPartition(WORK, 0)]  # type: ignore[union-attr]
+    return service, producer, runner
+
+
+def buffer_one(bus: MemoryBus, service: WorkerService) -> JobDue:
+    due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
+                 scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
+                 idempotency_key="k", job=JobSnapshot(handler="noop"))
+    service._buffer["normal"].append(bus.append(WORK, b"job", due.to_json(), partition=0))
+    return due
+
+
+def test_an_execution_is_listed_while_its_start_commits_and_after() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        due = buffer_one(bus, service)
+        turn = asyncio.create_task(service._turn(starting=True))
+        await asyncio.wait_for(producer.waiting.wait(), 5)
+        # The commit is in flight: a heartbeat now must already claim the execution.
+        assert service.listed() == [due.execution_id]
+        producer.gate.set()
+        await asyncio.wait_for(turn, 5)
+        assert service.listed() == [due.execution_id]  # running now
+        await asyncio.sleep(0)  # let the handler task begin
+        assert runner.started == [due.execution_id]
+        assert [e["status"] for e in bus.values(T.execution_events)] == ["RUNNING"]
+        runner.release.set()
+        for task in [r.task for r in service.running.values() if r.task]:
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+
+
+def test_a_start_whose_commit_aborts_is_no_longer_listed_and_never_runs() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        due = buffer_one(bus, service)
+        producer.fail_next = "abort"
+        turn = asyncio.create_task(service._turn(starting=True))
+        await asyncio.wait_for(producer.waiting.wait(), 5)
+        assert service.listed() == [due.execution_id]
+        producer.gate.set()
+        await asyncio.wait_for(turn, 5)
+        assert service.listed() == []
+        assert runner.started == []
+        assert bus.values(T.execution_events) == []
+        # Nothing committed: the partition rewinds to its committed position (the
+        # beginning) and the record is read again.
+        seeks = service._consumer.consumer.seeks  # type: ignore[union-attr]
+        assert seeks == [(WORK, 0, OFFSET_BEGINNING)]
+        assert service._buffered() == 0
+
+    asyncio.run(scenario())
