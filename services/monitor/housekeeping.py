@@ -12,9 +12,16 @@ Dead workers (SPEC §5.7). A worker silent for `CRONSTREAM_WORKER_DEAD_AFTER_SEC
    partitions move on at once instead of after `transaction.timeout.ms` — and makes any
    later commit of that worker fail. A paused worker that wakes up cannot report a stale
    FAILED (and its RetryRequest) for an execution that runs elsewhere by then;
-2. then the monitor waits until the projection holds everything on `execution-events`
+2. the end of every `execution-events` partition is read right after the fence (the high
+   watermark: everything the fenced incarnation committed lies below it, its transaction
+   markers included; anything written later comes from a process that took the
+   transactional.id after the fence — the worker restarted under its id);
+3. then the monitor waits until the projection holds everything on `execution-events`
    (so what the worker did commit before dying is seen: nothing is re-queued that ended);
-3. re-queues its RUNNING executions (REQUEUED + a JobDue with `delivery + 1`).
+4. re-queues the RUNNING executions whose start was committed below that end — never one
+   started by a new incarnation in the meantime, which runs it and will report it (the
+   chaos suite caught a monitor re-queueing, 5 s after its fence, what the restarted worker
+   had just started: it ran twice).
 
 Orphans. An execution RUNNING on a live worker whose heartbeats, sent well after it
 started, do not list it, is run by nobody (its worker could not tell whether the
@@ -33,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
@@ -42,6 +50,7 @@ from cronstream.shared.db import query
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
     ConsumerThread,
+    client_config,
     producer_config,
     reader_config,
 )
@@ -95,6 +104,7 @@ class Housekeeping:
         self.outbound = outbound
         self.instance = instance
         self._reader: ConsumerThread | None = None
+        self._admin: AdminClient | None = None
         self.rounds = 0
         self.sight = Sight(settings.worker_dead_after_seconds)
 
@@ -122,13 +132,16 @@ class Housekeeping:
         if not dead:
             return
         ids = [r["worker_id"] for r in dead]
+        fenced_below: dict[str, list[int]] = {}
         for worker_id in ids:
             await self.fence(worker_id)
+            fenced_below[worker_id] = await self.event_ends()
         if not await self.projection_caught_up():
             log(logger, "requeue_postponed", logging.WARNING, workers=",".join(ids),
                 reason="the projection has not caught up with execution-events yet")
             return
-        running = await self.pool.fetch(query("running_on_workers"), ids)
+        running = [row for worker_id, ends in fenced_below.items()
+                   for row in await self.pool.fetch(query("running_on_worker_before"), worker_id, ends)]
         records = [r for row in running for r in self.outbound.requeue(
             row, f"worker {row['worker_id']} stopped sending heartbeats")]
         await self._publish(records)
@@ -149,6 +162,26 @@ class Housekeeping:
             log(logger, "worker_fenced_by_monitor", worker_id=worker_id, transactional_id=tid)
         finally:
             await producer.close()
+
+    async def event_ends(self) -> list[int]:
+        """The high watermark of each `execution-events` partition (index = partition),
+        asked of the partition leaders now. Not the last stable offset: another producer's
+        open transaction holds that back below records the fenced worker committed."""
+        topic = self.topics.execution_events
+
+        def ask() -> list[int]:
+            if self._admin is None:
+                self._admin = AdminClient(client_config(self.settings, f"monitor-{self.instance}-ends"))
+            metadata = self._admin.list_topics(topic, 10.0)
+            partitions = sorted(metadata.topics[topic].partitions)
+            futures = self._admin.list_offsets(
+                {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
+                 for p in partitions},
+                isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=10.0)
+            ends = {tp.partition: future.result(15.0).offset for tp, future in futures.items()}
+            return [ends[p] for p in partitions]
+
+        return await asyncio.get_running_loop().run_in_executor(None, ask)
 
     # -- orphans ----------------------------------------------------------------------------
 

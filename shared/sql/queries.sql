@@ -226,13 +226,23 @@ FROM job_executions WHERE execution_id = $1 AND status = 'AWAITING_APPROVAL';
 SELECT worker_id, last_heartbeat FROM workers
 WHERE status <> 'OFFLINE' AND last_heartbeat < now() - make_interval(secs => $1);
 
--- name: running_on_workers
+-- name: running_on_worker_before
+-- RUNNING executions of a fenced worker, except those whose start (the RUNNING event of
+-- their current delivery) lies at or past $2, the high watermarks of execution-events
+-- (index = partition) read right after the fence: those were started by a process that
+-- took the worker's transactional.id after it (housekeeping.py). A start no longer in
+-- execution_events (pruned) counts as before.
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
        e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
        e.job IS NULL AS from_definition, e.traceparent
 FROM job_executions e
 LEFT JOIN job_definitions d ON d.job_id = e.job_id
-WHERE e.status = 'RUNNING' AND e.worker_id = ANY($1::text[]);
+WHERE e.status = 'RUNNING' AND e.worker_id = $1
+  AND NOT EXISTS (
+      SELECT 1 FROM execution_events v
+      WHERE v.execution_id = e.execution_id AND v.status = 'RUNNING'
+        AND v.delivery = e.delivery
+        AND v.kafka_offset >= ($2::bigint[])[v.kafka_partition + 1]);
 
 -- name: mark_workers_offline
 UPDATE workers SET status = 'OFFLINE', running = '{}', updated_at = now()

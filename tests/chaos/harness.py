@@ -41,8 +41,9 @@ RESTART_TARGET_SECONDS = 10.0
 WORKER_DEATH_TARGET_SECONDS = DEAD_AFTER_SECONDS + 5.0
 # A node that dies and stays down keeps leading its partitions (job-due, the transaction
 # and group coordinators among them) until the controller fences it: Kafka's
-# broker.session.timeout.ms, 9 s by default, which the cluster keeps. Like a worker's
-# death (dead_after + 5 s), the target counts from what the platform itself must wait.
+# broker.session.timeout.ms, 9 s by default (the chaos cluster sets 3 s, and 3 s of
+# replica.lag.time.max.ms: deploy/local/cluster.properties). Like a worker's death
+# (dead_after + 5 s), the target counts from what a default cluster must wait.
 BROKER_SESSION_TIMEOUT_SECONDS = 9.0
 NODE_LOSS_TARGET_SECONDS = BROKER_SESSION_TIMEOUT_SECONDS + 5.0
 # After the window, settling stops early when no execution became terminal for this long.

@@ -1,0 +1,111 @@
+"""The monitor's re-queue of a dead worker's executions, against the real broker and
+database: only what the fenced incarnation started is re-queued, never what the worker,
+restarted under its id meanwhile, has started since (the chaos suite caught a monitor
+re-queueing, after its fence and while it waited for the projection, an execution the
+restarted worker had just started: it ran twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+from confluent_kafka import Message, Producer
+
+from cronstream.services.monitor.housekeeping import Housekeeping
+from cronstream.services.monitor.outbound import Outbound
+from cronstream.services.monitor.store import ProjectionStore
+from cronstream.shared.kafka import producer_config
+from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.records import JobDue, JobSnapshot
+from cronstream.shared.settings import Settings
+from tests.support import read_all, sql
+
+WORKER = "w-dead"
+
+
+def _produce_at(settings: Settings, topic: str, value: bytes) -> int:
+    """One record on partition 0; its offset."""
+    delivered: list[Message] = []
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "enable.idempotence": True})
+    producer.produce(topic, value, b"job", partition=0,
+                     on_delivery=lambda err, msg: delivered.append(msg) if err is None else None)
+    assert producer.flush(30) == 0 and len(delivered) == 1
+    offset = delivered[0].offset()
+    assert offset is not None
+    return offset
+
+
+async def _running(conn: asyncpg.Connection, execution_id: uuid.UUID, offset: int | None) -> None:
+    """A RUNNING execution of the worker, as the projection holds it (and its RUNNING
+    event at `offset` of partition 0, when given)."""
+    now = datetime.now(UTC)
+    job = JobSnapshot(handler="noop").model_dump_json()
+    await conn.execute(
+        """INSERT INTO job_executions (execution_id, job_id, run_id, status, scheduled_at,
+               started_at, worker_id, attempt_number, delivery, reason, idempotency_key, job,
+               last_event, updated_at)
+           VALUES ($1, 'job', $2, 'RUNNING', $3, $3, $4, 1, 1, 'SCHEDULE', 'k', $5::jsonb,
+                   'RUNNING', $3)""",
+        execution_id, uuid.uuid4(), now, WORKER, job)
+    if offset is not None:
+        await _running_event(conn, execution_id, offset)
+
+
+async def _running_event(conn: asyncpg.Connection, execution_id: uuid.UUID, offset: int) -> None:
+    now = datetime.now(UTC)
+    await conn.execute(
+        """INSERT INTO execution_events (event_id, execution_id, job_id, run_id, status,
+               attempt_number, delivery, scheduled_at, occurred_at, worker_id, started_at,
+               kafka_partition, kafka_offset)
+           VALUES ($1, $2, 'job', $3, 'RUNNING', 1, 1, $4, $4, $5, $4, 0, $6)""",
+        uuid.uuid4(), execution_id, uuid.uuid4(), now, WORKER, offset)
+
+
+def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(topics: Settings) -> None:
+    events = topics.topics.execution_events
+    before, since = uuid.uuid4(), uuid.uuid4()
+
+    async def scenario() -> None:
+        pool = await asyncpg.create_pool(topics.database_url, min_size=1, max_size=2)
+        try:
+            async with pool.acquire() as conn:
+                await conn.execute(
+                    """INSERT INTO workers (worker_id, hostname, status, last_heartbeat, capacity,
+                           updated_at) VALUES ($1, 'host', 'ACTIVE', $2, 4, $2)""",
+                    WORKER, datetime.now(UTC) - timedelta(minutes=5))
+                # Started by the incarnation that died: its RUNNING is in the log already.
+                await _running(conn, before, _produce_at(topics, events, b'{"started":"before"}'))
+                # Started by the worker restarted under its id, after the fence (below).
+                await _running(conn, since, None)
+            producer = IdempotentProducer(producer_config(topics, "test-monitor"))
+            housekeeping = Housekeeping(
+                topics, pool, ProjectionStore(pool, "test", topics.topics), producer=producer,
+                outbound=Outbound(topics.topics), instance="t")
+
+            async def caught_up(patience: float = 0) -> bool:
+                # While the monitor waits for the projection, the new incarnation (which
+                # took the transactional.id after the fence) commits a start, projected.
+                offset = _produce_at(topics, events, b'{"started":"since"}')
+                async with pool.acquire() as conn:
+                    await _running_event(conn, since, offset)
+                return True
+
+            housekeeping.projection_caught_up = caught_up  # type: ignore[method-assign]
+            try:
+                await housekeeping.requeue_dead_workers()
+            finally:
+                await housekeeping.close()
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+    requeued = [JobDue.model_validate_json(m.value() or b"") for m in read_all(topics, topics.topics.job_due)]
+    assert [(d.execution_id, d.delivery, d.reason) for d in requeued] == [(before, 2, "REQUEUE")]
+    statuses = [json.loads(m.value() or b"{}").get("status") for m in read_all(topics, events)]
+    assert statuses.count("REQUEUED") == 1
+    assert sql(topics.database_url, "SELECT status FROM workers WHERE worker_id = $1",
+               WORKER)[0]["status"] == "OFFLINE"
