@@ -208,16 +208,16 @@ class ChaosRun:
     # -- the verdict ----------------------------------------------------------------------
 
     def verdict(self, *, crash_restarts_allowed: bool = True,
-                garbage_on_log: bool = False, extra_problems: list[str] | None = None) -> None:
+                extra_problems: list[str] | None = None) -> None:
         """Assert the ledger, the services' record and the recovery targets; record figures."""
         problems = list(extra_problems or [])
-        result = ledger.check(self.settings, self.fires, self.job_ids, garbage_on_log)
+        result = ledger.check(self.settings, self.fires, self.job_ids)
         if result.problems and not result.figures.get("projection_equals_log", True):
             # The projection may trail the last terminal event by a batch: give it time.
             with contextlib.suppress(AssertionError):
                 eventually(lambda: ledger.projection_matches_log(self.settings), timeout=30,
                            interval=2, message="projection catching up")
-                result = ledger.check(self.settings, self.fires, self.job_ids, garbage_on_log)
+                result = ledger.check(self.settings, self.fires, self.job_ids)
         problems += result.problems
         problems += self._services_record(crash_restarts_allowed)
         for recovery in self.recoveries:

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
 from tests.chaos.load import Fire
-from tests.support import projection_equals_log, read_all, sql
+from tests.support import read_all, sql
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED",
@@ -67,50 +67,44 @@ def _fire(fire: Fire) -> str:
     return f"{fire.job_id}@{fire.scheduled_at:%H:%M:%S.%f}"[:-3]
 
 
-def projection_difference(settings: Settings) -> tuple[set[str], set[str]]:
-    """(event ids on the log, event ids in PostgreSQL), garbage left out."""
-    on_log = set()
-    for msg in read_all(settings, settings.topics.execution_events, 30):
-        try:
-            on_log.add(str(ExecutionEvent.model_validate_json(msg.value() or b"").event_id))
-        except (ValidationError, ValueError, RecursionError):
-            continue
-    in_db = {str(r["event_id"]) for r in sql(settings.database_url, q("event_ids"))}
-    return on_log, in_db
+@dataclass
+class LogEvents:
+    """What `execution-events` holds, read once: the ids of its records that decode as
+    execution events (the flood test's garbage is dead-lettered, never projected), how many
+    records repeat an id, and the ids whose copies differ (a worker may re-send a finished
+    execution's records when a lost broker left its commit's outcome unknown, but a repeat
+    must be the same record)."""
+
+    ids: set[str]
+    repeated: int
+    differing: list[str]
 
 
-def projection_matches_log(settings: Settings) -> bool:
-    """projection_equals_log, for a log that also holds garbage: the events on the topic
-    are those that decode as ExecutionEvents (the rest is dead-lettered, not projected)."""
-    event_ids = set()
-    for msg in read_all(settings, settings.topics.execution_events):
-        try:
-            event_ids.add(str(ExecutionEvent.model_validate_json(msg.value() or b"").event_id))
-        except (ValidationError, ValueError, RecursionError):
-            continue
-    in_db = sql(settings.database_url, q("event_ids"))
-    return len(in_db) == len(event_ids) and {str(r["event_id"]) for r in in_db} == event_ids
-
-
-def repeats_on_log(settings: Settings) -> tuple[int, list[str]]:
-    """Events written more than once on `execution-events` (a worker re-sends a finished
-    execution's records when a lost broker left its commit's outcome unknown): how many
-    repeats, and the ids whose copies differ (a repeat must be the same record)."""
+def log_events(settings: Settings) -> LogEvents:
     seen: dict[str, bytes] = {}
     repeated, differing = 0, []
-    for msg in read_all(settings, settings.topics.execution_events):
+    for msg in read_all(settings, settings.topics.execution_events, 30):
         value = msg.value() or b""
         try:
-            event_id = str(json.loads(value)["event_id"])
-        except (ValueError, KeyError, TypeError, RecursionError):
-            continue  # garbage of the flood test
+            event_id = str(ExecutionEvent.model_validate_json(value).event_id)
+        except (ValidationError, ValueError, RecursionError):
+            continue
         if event_id in seen:
             repeated += 1
             if seen[event_id] != value:
                 differing.append(event_id)
         else:
             seen[event_id] = value
-    return repeated, differing
+    return LogEvents(set(seen), repeated, differing)
+
+
+def projected_event_ids(settings: Settings) -> set[str]:
+    return {str(r["event_id"]) for r in sql(settings.database_url, q("event_ids"))}
+
+
+def projection_matches_log(settings: Settings) -> bool:
+    """Whether the projection holds exactly the events on the log (event_id is its key)."""
+    return projected_event_ids(settings) == log_events(settings).ids
 
 
 def first_attempt_dues(settings: Settings) -> Counter[str]:
@@ -126,8 +120,7 @@ def first_attempt_dues(settings: Settings) -> Counter[str]:
     return counts
 
 
-def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
-          garbage_on_log: bool = False) -> LedgerResult:
+def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str]) -> LedgerResult:
     url = settings.database_url
     result = LedgerResult(expected=len(fires))
     problems = result.problems
@@ -172,15 +165,15 @@ def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str],
     if twice:
         problems.append(f"{len(twice)} (execution, delivery) pairs RUNNING more than once: "
                         f"{_sample([(r['execution_id'], r['delivery'], list(r['workers'])) for r in twice], 3)}")
-    repeated, differing = repeats_on_log(settings)
-    result.figures["events_repeated_on_log"] = repeated
-    if differing:
-        problems.append(f"{len(differing)} event ids written twice with different contents: "
-                        f"{_sample(differing, 3)}")
-    equal = projection_matches_log(settings) if garbage_on_log else projection_equals_log(settings)
+    log = log_events(settings)
+    result.figures["events_repeated_on_log"] = log.repeated
+    if log.differing:
+        problems.append(f"{len(log.differing)} event ids written twice with different contents: "
+                        f"{_sample(log.differing, 3)}")
+    on_log, in_db = log.ids, projected_event_ids(settings)
+    equal = on_log == in_db
     result.figures["projection_equals_log"] = equal
     if not equal:
-        on_log, in_db = projection_difference(settings)
         problems.append(
             "the projection (execution_events) differs from the execution-events log: "
             f"{len(on_log - in_db)} events only on the log ({_sample(sorted(on_log - in_db), 3)}), "
