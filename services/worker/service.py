@@ -121,9 +121,15 @@ class WorkerService:
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
         self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
         self._tier_of: dict[str, str] = {}
-        # Pausing discards librdkafka's prefetched records, so it must be rare: a roomy
-        # buffer, paused only when full and resumed once half empty.
+        # Backpressure. Pausing discards librdkafka's prefetched records, which it fetches
+        # again on resume (and paused and resumed often, stale fetches pile up in its queue:
+        # librdkafka #5218): under a backlog that is the worker refetching, and decoding,
+        # the same records over and over. So a full buffer does not pause: past the limit a
+        # turn takes one record at a time (its poll still serves rebalance callbacks), which
+        # the starts outpace. Only handlers that stall let the buffer reach twice the limit,
+        # and that pauses, until the buffer is half empty.
         self._buffer_limit = max(1000, 4 * self.capacity)
+        self._pause_limit = 2 * self._buffer_limit
         self._paused = False
         self._fill_until = 0.0
         self._last_turn = 0.0
@@ -221,11 +227,10 @@ class WorkerService:
     async def _poll_loop(self, stopping: asyncio.Event) -> None:
         assert self._consumer is not None
         while not stopping.is_set():
-            room = self._buffer_limit - self._buffered()
-            if room <= 0 or (self._paused and room < self._buffer_limit // 2):
-                await self._set_paused(True)
-            else:
-                await self._set_paused(False)
+            buffered = self._buffered()
+            await self._set_paused(buffered >= self._pause_limit or (
+                self._paused and buffered > self._buffer_limit // 2))
+            room = self._buffer_limit - buffered
             busy = self.running or self._finished or self._buffered()
             # Finished executions are reported within one turn gap of the last turn.
             since = time.monotonic() - self._last_turn
