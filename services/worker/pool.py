@@ -5,7 +5,7 @@ forkserver that has already imported the handler modules, so a start costs milli
 not an interpreter boot). A child runs one execution at a time. The parent talks to it
 over a pipe in JSON lines — never pickle:
 
-    parent → child  {"op": "run", "due": <JobDue JSON>, "trace": [[header, value]...]}
+    parent → child  {"op": "run", "handler": ..., <the Context's fields>, "trace": [[header, value]...]}
                     {"op": "cancel"}
     child → parent  {"op": "progress", "percent": 40, "message": "..."}
                     {"op": "done", "status": "COMPLETED", "result": ..., "error": ...}
@@ -28,14 +28,16 @@ import importlib
 import json
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import threading
-import time
+from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any
+from uuid import UUID
 
-from cronstream.handlers import REGISTRY, HandlerRegistry, NonRetryableError
+from cronstream.handlers import REGISTRY, Context, HandlerRegistry, NonRetryableError
 from cronstream.services.worker.runner import (
     CancelSignal,
     Outcome,
@@ -72,6 +74,12 @@ def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
     with contextlib.suppress(OSError, AttributeError):  # die with the worker (Linux)
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    with contextlib.suppress(OSError, AttributeError):
+        # A woken batch task does not preempt the running one: the worker's write of a run
+        # returns at once instead of handing its CPU to the child in the middle of its turn
+        # (each child waking in the worker's place stalled its event loop for a time slice).
+        # Fair share is unchanged.
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     builtins = importlib.import_module(BUILTINS)
     for module in imports:
         importlib.import_module(module)
@@ -96,25 +104,30 @@ def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
         cancel.clear()
         headers = [(str(k), str(v).encode()) for k, v in message.get("trace", [])]
         with telemetry.attached(headers):
-            reply = _run_in_child(message["due"], conn, cancel)
+            reply = _run_in_child(message, conn, cancel)
         telemetry.flush()
         conn.send_bytes(json.dumps(reply).encode())
 
 
-def _run_in_child(due_json: str, conn: Connection, cancel: threading.Event) -> dict[str, Any]:
-    due = JobDue.model_validate_json(due_json)
-    spec = REGISTRY.get(due.job.handler)
+def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.Event) -> dict[str, Any]:
+    spec = REGISTRY.get(message["handler"])
     if spec is None:
         return {"op": "done", "status": "PERMANENTLY_FAILED",
-                "error": f"unknown handler {due.job.handler!r}"}
+                "error": f"unknown handler {message['handler']!r}"}
 
-    def progress(percent: float, message: str | None) -> None:
+    def progress(percent: float, text: str | None) -> None:
         conn.send_bytes(json.dumps({"op": "progress", "percent": percent,
-                                    "message": message}).encode())
+                                    "message": text}).encode())
 
-    with telemetry.handler_span(due.job.handler, job_id=due.job_id,
-                                execution_id=due.execution_id) as traceparent:
-        ctx = make_context(due, progress, cancel, traceparent)
+    with telemetry.handler_span(message["handler"], job_id=message["job_id"],
+                                execution_id=message["execution_id"]) as traceparent:
+        ctx = Context(
+            execution_id=UUID(message["execution_id"]), job_id=message["job_id"],
+            run_id=UUID(message["run_id"]), attempt_number=message["attempt_number"],
+            idempotency_key=message["idempotency_key"],
+            scheduled_at=datetime.fromisoformat(message["scheduled_at"]),
+            params=message["params"], traceparent=traceparent,
+            _progress=progress, _cancel=cancel)
         try:
             result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
         except NonRetryableError as exc:
@@ -128,11 +141,31 @@ def _run_in_child(due_json: str, conn: Connection, cancel: threading.Event) -> d
     return {"op": "done", "status": status, "result_json": encoded}
 
 
+def run_message(due: JobDue, trace: Headers | None) -> bytes:
+    """What the parent sends a child to run `due`: the parts of the execution its handler's
+    Context needs, from the JobDue the worker validated (the child does not decode it again)."""
+    return json.dumps({
+        "op": "run", "handler": due.job.handler, "execution_id": str(due.execution_id),
+        "job_id": due.job_id, "run_id": str(due.run_id), "attempt_number": due.attempt_number,
+        "idempotency_key": due.idempotency_key, "scheduled_at": due.scheduled_at.isoformat(),
+        "params": due.job.params,
+        "trace": [[k, v.decode("ascii", "replace")] for k, v in trace or []],
+    }, separators=(",", ":")).encode()
+
+
+_TIMEOUT = {"op": "timeout"}  # what a run's timer settles it with
+_CANCEL = {"op": "cancel"}  # what its cancel signal settles it with
+
+
 # -- the parent side ---------------------------------------------------------------------
 
 
 class Child:
-    """One pool process and the parent's end of its pipe."""
+    """One pool process and the parent's end of its pipe.
+
+    The pipe is watched by the event loop for the child's whole life (one reader, not one
+    per execution); what it reads settles the current run's future, which its timer and
+    its cancel signal may settle first."""
 
     def __init__(self, ctx: Any, imports: list[str], allow_shell: bool) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
@@ -142,12 +175,49 @@ class Child:
         self.process.start()
         child_end.close()
         self.executions = 0
+        self.dead = False  # killed, or its pipe closed: replaced, never run again
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reply: asyncio.Future[dict[str, Any] | None] | None = None
+        self._progress: ProgressFn | None = None
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return not self.dead and self.process.is_alive()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is None:
+            self._loop = loop
+            loop.add_reader(self.conn.fileno(), self._readable)
+
+    def _unwatch(self) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self.conn.fileno())
+            self._loop = None
+
+    def _readable(self) -> None:
+        """One message (the loop calls again while more is readable)."""
+        try:
+            message = json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            self.dead = True
+            self._unwatch()
+            self._settle(None)
+            return
+        if message["op"] == "progress":
+            if self._progress is not None:
+                self._progress(float(message["percent"]), message.get("message"))
+        else:
+            self._settle(message)
+
+    def _settle(self, message: dict[str, Any] | None) -> None:
+        reply = self._reply
+        if reply is not None and not reply.done():
+            reply.set_result(message)
 
     def kill(self) -> None:
+        self.dead = True
+        self._unwatch()
         with contextlib.suppress(ProcessLookupError, AttributeError):
             self.process.kill()
         self.process.join(5)
@@ -156,63 +226,52 @@ class Child:
     async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        fd = self.conn.fileno()
-
-        def readable() -> None:
-            try:
-                while self.conn.poll():
-                    inbox.put_nowait(json.loads(self.conn.recv_bytes()))
-            except (EOFError, OSError):
-                loop.remove_reader(fd)
-                inbox.put_nowait(None)
-
-        loop.add_reader(fd, readable)
+        self._watch(loop)
+        reply = self._reply = loop.create_future()
+        self._progress = progress
         self.executions += 1
-        started = time.monotonic()
+        started = loop.time()
         deadline = started + due.job.timeout_seconds
+        timer = loop.call_at(deadline, self._settle, _TIMEOUT)
+
+        def cancelled() -> None:
+            if not reply.done():
+                reply.set_result(_CANCEL)
+
+        cancel.on_set(loop, cancelled)
         cancelled_at: float | None = None
-        cancelled = asyncio.ensure_future(cancel.wait())
         try:
-            self.conn.send_bytes(json.dumps({
-                "op": "run", "due": due.to_json().decode(),
-                "trace": [[k, v.decode("ascii", "replace")] for k, v in trace or []]}).encode())
+            self.conn.send_bytes(run_message(due, trace))
             while True:
-                limit = deadline if cancelled_at is None else min(
-                    deadline, cancelled_at + CANCEL_GRACE_SECONDS)
-                get = asyncio.ensure_future(inbox.get())
-                waiting = {get} if cancelled_at is not None else {get, cancelled}
-                done, _ = await asyncio.wait(waiting, timeout=max(0.0, limit - time.monotonic()),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if cancelled in done and cancelled_at is None:
-                    cancelled_at = time.monotonic()  # tell the handler; kill after the grace
+                message = await reply
+                if message is _CANCEL:
+                    # Tell the handler; kill it if it has not returned after the grace.
+                    cancelled_at = loop.time()
                     with contextlib.suppress(OSError):
                         self.conn.send_bytes(b'{"op":"cancel"}')
-                if get not in done:
-                    get.cancel()
-                    if time.monotonic() >= limit:
-                        return self._stop(due, cancelled_at, started)
+                    timer.cancel()
+                    reply = self._reply = loop.create_future()
+                    timer = loop.call_at(min(deadline, cancelled_at + CANCEL_GRACE_SECONDS),
+                                         self._settle, _TIMEOUT)
                     continue
-                message = get.result()
+                if message is _TIMEOUT:
+                    return self._stop(due, cancelled_at, started, loop.time())
                 if message is None:
                     return Outcome("FAILED", error="the handler process died "
                                    f"(exit code {self.process.exitcode})")
-                if message["op"] == "progress":
-                    progress(float(message["percent"]), message.get("message"))
-                    continue
                 return _outcome(message, cancelled_at is not None)
         except asyncio.CancelledError:
             self.kill()  # the worker gave up on this execution (drain): stop it for real
             raise
         finally:
-            cancelled.cancel()
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(fd)
+            timer.cancel()
+            self._reply = None
+            self._progress = None
 
-    def _stop(self, due: JobDue, cancelled_at: float | None, started: float) -> Outcome:
+    def _stop(self, due: JobDue, cancelled_at: float | None, started: float, now: float) -> Outcome:
         """The handler overran its timeout or its cancellation grace: kill it."""
         self.kill()
-        ran = time.monotonic() - started
+        ran = now - started
         if cancelled_at is not None and ran < due.job.timeout_seconds:
             return Outcome("CANCELLED", error="cancelled; the handler did not stop within "
                                               f"{CANCEL_GRACE_SECONDS:g}s and was killed")
@@ -272,10 +331,15 @@ class PoolRunner:
             with telemetry.attached(trace or []):
                 return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
         child = await self._idle.get()
+        while child.dead and not self._closing:  # its process died while idle
+            await self._replace(child)
+            child = await self._idle.get()
         try:
             return await child.run(due, progress, cancel, trace)
         finally:
-            if child.alive:
+            # A child that answered is alive (no waitpid per execution); one that did not
+            # was killed or lost its pipe.
+            if not child.dead:
                 self._idle.put_nowait(child)
             elif not self._closing:
                 await self._replace(child)

@@ -40,6 +40,7 @@ class CancelSignal:
     by: str | None = None  # who asked (Command.issued_by), when someone did
     _flag: threading.Event = field(default_factory=threading.Event)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    _callbacks: list[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = field(default_factory=list)
 
     def set(self, reason: str, by: str | None = None) -> None:
         if self._flag.is_set():
@@ -50,6 +51,15 @@ class CancelSignal:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.get_loop().call_soon_threadsafe(waiter.set_result, None)
+        for loop, callback in self._callbacks:
+            loop.call_soon_threadsafe(callback)
+
+    def on_set(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        """Call `callback` on `loop` once set (soon, if it is already). It may be called
+        twice when the set races this call: it must be idempotent."""
+        self._callbacks.append((loop, callback))
+        if self._flag.is_set():
+            loop.call_soon_threadsafe(callback)
 
     def is_set(self) -> bool:
         return self._flag.is_set()
