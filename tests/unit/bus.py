@@ -8,6 +8,7 @@ never of Kafka itself: the real broker stays in the integration tests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from collections.abc import Callable, Iterable
@@ -55,6 +56,31 @@ class _Consumer:
         self.bus = bus
         self.seeks: list[tuple[str, int, int]] = []
         self.assigned: list[TopicPartition] = []
+        self.positions: dict[tuple[str, int], int] = {}
+        self.paused: set[tuple[str, int]] = set()
+        self.on_pause: Callable[[bool], None] = lambda paused: None
+
+    def take(self, n: int) -> list[Message]:
+        """Up to `n` records of the assigned partitions that are not paused, from each
+        one's position (its committed offset at first)."""
+        taken: list[Message] = []
+        for tp in self.assigned:
+            key = (tp.topic, tp.partition)
+            if key in self.paused or len(taken) >= n:
+                continue
+            start = self.positions.get(key, max(0, self.bus.committed.get(key, 0)))
+            records = self.bus.read(tp.topic, tp.partition, start)[:n - len(taken)]
+            self.positions[key] = start + len(records)
+            taken.extend(records)
+        return taken
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in partitions}
+        self.on_pause(True)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused -= {(tp.topic, tp.partition) for tp in partitions}
+        self.on_pause(False)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self.assigned)
@@ -68,6 +94,7 @@ class _Consumer:
 
     def seek(self, tp: TopicPartition) -> None:
         self.seeks.append((tp.topic, tp.partition, tp.offset))
+        self.positions[(tp.topic, tp.partition)] = max(0, tp.offset)
 
 
 class MemoryConsumerThread:
@@ -78,6 +105,12 @@ class MemoryConsumerThread:
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
+
+    async def consume(self, max_messages: int, timeout: float) -> list[Message]:
+        taken = self.consumer.take(max_messages)
+        if not taken:
+            await asyncio.sleep(0)  # a poll that waited (without the wait)
+        return taken
 
 
 @dataclass

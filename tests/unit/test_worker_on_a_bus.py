@@ -1,5 +1,5 @@
 """The worker's turn through an in-memory bus (tests/unit/bus.py): what its heartbeats
-list while a start is being committed. The monitor re-queues a RUNNING execution that a
+list while a start is being committed, and when a backlog pauses its partitions. The monitor re-queues a RUNNING execution that a
 heartbeat sent after its start does not list; a start commit can take seconds (a cluster
 losing its leader), so an execution must be listed from the moment its RUNNING event may
 commit — or it runs twice."""
@@ -122,5 +122,49 @@ def test_a_start_whose_commit_aborts_is_no_longer_listed_and_never_runs() -> Non
         seeks = service._consumer.consumer.seeks  # type: ignore[union-attr]
         assert seeks == [(WORK, 0, OFFSET_BEGINNING)]
         assert service._buffered() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> None:
+    """Pausing makes librdkafka drop what it prefetched, and resuming fetches it again: a
+    worker that paused whenever its buffer filled refetched its backlog over and over and
+    collapsed under it. A full buffer takes one record per turn instead; only handlers that
+    stall (the buffer at twice its limit) pause the partitions, until it is half empty."""
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        producer.gate.set()
+        limit = service._buffer_limit
+        for _ in range(2 * limit + 600):
+            due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
+                         scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
+                         idempotency_key="k", job=JobSnapshot(handler="noop"))
+            bus.append(WORK, b"job", due.to_json(), partition=0)
+        consumer = service._consumer.consumer  # type: ignore[union-attr]
+        changes: list[tuple[bool, int]] = []
+        consumer.on_pause = lambda paused: changes.append((paused, service._buffered()))
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+
+        async def until(condition: Callable[[], bool]) -> None:
+            async with asyncio.timeout(20):
+                while not condition():
+                    await asyncio.sleep(0.001)
+
+        # Every slot busy with a handler that does not return: the buffer fills, and only
+        # at twice its limit do the partitions pause.
+        await until(lambda: bool(changes))
+        assert changes[0] == (True, 2 * limit)
+        assert len(runner.started) == service.capacity
+        # The handlers return: the buffer drains, and the partitions resume once it is
+        # half empty.
+        runner.release.set()
+        await until(lambda: len(changes) > 1)
+        assert changes[1][0] is False and changes[1][1] <= limit // 2
+        stopping.set()
+        await asyncio.wait_for(loop, 5)
+        for task in [r.task for r in service.running.values() if r.task]:
+            await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
