@@ -180,10 +180,6 @@ class Child:
         self._reply: asyncio.Future[dict[str, Any] | None] | None = None
         self._progress: ProgressFn | None = None
 
-    @property
-    def alive(self) -> bool:
-        return not self.dead and self.process.is_alive()
-
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
             self._loop = loop

@@ -39,7 +39,6 @@ class CancelSignal:
     reason: str = ""
     by: str | None = None  # who asked (Command.issued_by), when someone did
     _flag: threading.Event = field(default_factory=threading.Event)
-    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
     _callbacks: list[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = field(default_factory=list)
 
     def set(self, reason: str, by: str | None = None) -> None:
@@ -48,9 +47,6 @@ class CancelSignal:
         self.reason = reason
         self.by = by
         self._flag.set()
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.get_loop().call_soon_threadsafe(waiter.set_result, None)
         for loop, callback in self._callbacks:
             loop.call_soon_threadsafe(callback)
 
@@ -67,12 +63,15 @@ class CancelSignal:
     async def wait(self) -> None:
         if self._flag.is_set():
             return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            self._waiters.remove(waiter)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        self.on_set(loop, wake)
+        await waiter
 
     @property
     def flag(self) -> threading.Event:

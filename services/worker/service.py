@@ -231,7 +231,7 @@ class WorkerService:
             await self._set_paused(buffered >= self._pause_limit or (
                 self._paused and buffered > self._buffer_limit // 2))
             room = self._buffer_limit - buffered
-            busy = self.running or self._finished or self._buffered()
+            busy = self.running or self._finished or buffered
             # Finished executions are reported within one turn gap of the last turn.
             since = time.monotonic() - self._last_turn
             timeout = max(0.0, TURN_GAP_SECONDS - since) if self._finished else (0.02 if busy else 0.1)
