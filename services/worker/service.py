@@ -251,12 +251,15 @@ class WorkerService:
         consumer = self._consumer.consumer
 
         def apply() -> None:
+            # On the consumer's lane, where the rebalance callbacks read the flag.
+            self._paused = paused
             assignment = consumer.assignment()
             if assignment:
                 (consumer.pause if paused else consumer.resume)(assignment)
 
         await self._consumer.call(apply)
-        self._paused = paused
+        log(logger, "intake_paused" if paused else "intake_resumed", buffered=self._buffered(),
+            running=len(self.running))
 
     async def _turn(self, starting: bool) -> None:
         """One transaction: new starts (with offsets), finished executions, progress."""
@@ -476,8 +479,13 @@ class WorkerService:
         consumer.assign(partitions)
         self._assignments += 1
         self.health.set("assignment", True)
-        if self._paused and partitions:
-            consumer.pause(partitions)
+        if partitions:
+            # Explicitly, both ways: librdkafka keeps a partition's pause through its
+            # revocation and re-assignment (librdkafka #1849, confluent-kafka-go #193). A
+            # worker paused in its previous assignment and resumed while it had none (its
+            # buffer emptied by the revocation) would otherwise never fetch again from the
+            # partitions it got back, with nothing in any log.
+            (consumer.pause if self._paused else consumer.resume)(partitions)
         # Let every tier's backlog reach the buffer before choosing what starts first.
         self._fill_until = time.monotonic() + PRIORITY_FILL_SECONDS
         log(logger, "partitions_assigned", count=len(partitions))

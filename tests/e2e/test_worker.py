@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
+from confluent_kafka import Producer
+
+from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import cli, eventually, run_now, sql
@@ -155,3 +160,43 @@ def test_sigterm_drains_the_running_job_then_reports_offline(
                      r[0]["status"] == "OFFLINE" and r[0], 15, message="the worker says OFFLINE")
     assert row["worker_id"] == "w1"
     assert "action=worker_draining" in worker.log()
+
+
+def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_back(
+    processes: Processes, topics: Settings,
+) -> None:
+    """Stalled handlers pause a worker's intake (a buffer at twice its limit); a second
+    worker joins, and the first gets part of its partitions back, its buffer emptied by
+    the revocation: every execution still runs, on both workers. (librdkafka keeps a
+    partition paused through revocation and re-assignment; whether a worker resumes
+    before or after it is given partitions back depends on the rebalance's timing — the
+    unit test `test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause`
+    pins the order that once left a benchmark's worker idle for a whole run.)"""
+    processes.system(workers=0)
+    backlog = 2_400  # past 2 x the worker's buffer (1,000 records): its intake pauses
+    producer = Producer({"bootstrap.servers": topics.kafka_bootstrap_servers,
+                         "enable.idempotence": True, "linger.ms": 20})
+
+    def due(job_id: str, handler: str, params: dict[str, Any], priority: str) -> None:
+        record = JobDue(execution_id=uuid4(), job_id=job_id, run_id=uuid4(),
+                        scheduled_at=datetime.now(UTC), reason="MANUAL", idempotency_key=job_id,
+                        job=JobSnapshot(handler=handler, params=params, priority=priority))
+        producer.produce(topics.topics.work(priority, "default"), record.to_json(), job_id.encode())
+
+    for i in range(4):  # every slot of the first worker, held for a while
+        due(f"hold-{i}", "sleep", {"seconds": 6, "blocking": True}, "high")
+    for i in range(backlog):
+        due(f"backlog-{i}", "noop", {}, "normal")
+    assert producer.flush(30) == 0
+
+    first = processes.worker("w1", "--concurrency", "4")
+    first.wait_for_log("action=intake_paused", timeout=30)
+    processes.worker("w2")
+    first.wait_for_log("action=partitions_assigned", count=2, timeout=30)
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+                           "WHERE status = 'COMPLETED'")[0]["n"] == backlog + 4, 90,
+               message="every execution completes, those of the partitions w1 got back included")
+    by_worker = {r["worker_id"]: r["n"] for r in sql(
+        topics.database_url, "SELECT worker_id, count(*) AS n FROM job_executions "
+        "WHERE job_id LIKE 'backlog-%' GROUP BY worker_id")}
+    assert by_worker.get("w1", 0) > 0 and by_worker.get("w2", 0) > 0, by_worker

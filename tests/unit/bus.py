@@ -85,6 +85,16 @@ class _Consumer:
     def assignment(self) -> list[TopicPartition]:
         return list(self.assigned)
 
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Like librdkafka: a partition fetches from its committed offset again, and one
+        paused before it was revoked is still paused (librdkafka #1849)."""
+        self.assigned = list(partitions)
+        for tp in partitions:
+            self.positions.pop((tp.topic, tp.partition), None)
+
+    def unassign(self) -> None:
+        self.assigned = []
+
     def consumer_group_metadata(self) -> str:
         return "memory-group"
 

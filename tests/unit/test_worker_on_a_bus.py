@@ -168,3 +168,46 @@ def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> N
             await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
+
+
+def test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause() -> None:
+    """librdkafka keeps a partition paused through its revocation and re-assignment (the
+    bus does too). Stalled handlers pause the worker; a rebalance revokes its partitions
+    (emptying its buffer, so it resumes while it holds none) and gives one back: the
+    worker must fetch from it. Before the fix it never did — in a benchmark, one worker
+    of two sat idle for the whole run with its partitions' backlog untouched."""
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        service._loop = asyncio.get_running_loop()
+        producer.gate.set()
+        consumer = service._consumer.consumer  # type: ignore[union-attr]
+        both = [TopicPartition(WORK, 0), TopicPartition(WORK, 1)]
+        consumer.assign(both)
+        limit = service._buffer_limit
+        for i in range(2 * limit + 600):
+            due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
+                         scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
+                         idempotency_key="k", job=JobSnapshot(handler="noop"))
+            bus.append(WORK, b"job", due.to_json(), partition=i % 2)
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+
+        async def until(condition: Callable[[], bool]) -> None:
+            async with asyncio.timeout(20):
+                while not condition():
+                    await asyncio.sleep(0.001)
+
+        await until(lambda: service._paused)  # every slot held, the buffer at 2 x limit
+        service._on_revoke(consumer, both)  # type: ignore[arg-type]
+        await until(lambda: not service._paused)  # the buffer emptied: resumed, holding none
+        service._on_assign(consumer, [TopicPartition(WORK, 0)])  # type: ignore[arg-type]
+        await until(lambda: service._buffered() > 0)
+        assert {m.partition() for q in service._buffer.values() for m in q} == {0}
+        stopping.set()
+        runner.release.set()
+        await asyncio.wait_for(loop, 5)
+        for task in [r.task for r in service.running.values() if r.task]:
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
