@@ -165,15 +165,17 @@ def test_sigterm_drains_the_running_job_then_reports_offline(
 def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_back(
     processes: Processes, topics: Settings,
 ) -> None:
-    """Stalled handlers pause a worker's intake (a buffer at twice its limit); a second
-    worker joins, and the first gets part of its partitions back, its buffer emptied by
-    the revocation: every execution still runs, on both workers. (librdkafka keeps a
+    """A backlog pauses a new worker's intake (its buffer reaches twice its limit while
+    it only buffers, for half a second, so that the highest tier starts first; then
+    every slot is held); a second worker joins, and the first gets part of its
+    partitions back, its buffer emptied by the revocation: every execution still runs,
+    on both workers. (librdkafka keeps a
     partition paused through revocation and re-assignment; whether a worker resumes
     before or after it is given partitions back depends on the rebalance's timing — the
     unit test `test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause`
     pins the order that once left a benchmark's worker idle for a whole run.)"""
     processes.system(workers=0)
-    backlog = 2_400  # past 2 x the worker's buffer (1,000 records): its intake pauses
+    backlog = 2_400  # past twice the worker's buffer (1,000 records): its intake pauses
     producer = Producer({"bootstrap.servers": topics.kafka_bootstrap_servers,
                          "enable.idempotence": True, "linger.ms": 20})
 
