@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
@@ -73,12 +73,34 @@ def worker(bus: MemoryBus) -> tuple[WorkerService, SlowProducer, HeldRunner]:
     return service, producer, runner
 
 
-def buffer_one(bus: MemoryBus, service: WorkerService) -> JobDue:
+def due_on(bus: MemoryBus, partition: int) -> tuple[JobDue, Message]:
+    """A JobDue appended to the work topic's `partition`, and its record."""
     due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
                  scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
                  idempotency_key="k", job=JobSnapshot(handler="noop"))
-    service._buffer["normal"].append(bus.append(WORK, b"job", due.to_json(), partition=0))
+    return due, bus.append(WORK, b"job", due.to_json(), partition=partition)
+
+
+def buffer_one(bus: MemoryBus, service: WorkerService) -> JobDue:
+    due, msg = due_on(bus, 0)
+    service._buffer["normal"].append(msg)
     return due
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(20):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def stop(service: WorkerService, loop: asyncio.Task[None], stopping: asyncio.Event,
+               runner: HeldRunner) -> None:
+    """End the poll loop and let every held handler return."""
+    stopping.set()
+    runner.release.set()
+    await asyncio.wait_for(loop, 5)
+    for task in [r.task for r in service.running.values() if r.task]:
+        await asyncio.wait_for(task, 5)
 
 
 def test_an_execution_is_listed_while_its_start_commits_and_after() -> None:
@@ -137,20 +159,12 @@ def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> N
         producer.gate.set()
         limit = service._buffer_limit
         for _ in range(2 * limit + 600):
-            due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
-                         scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
-                         idempotency_key="k", job=JobSnapshot(handler="noop"))
-            bus.append(WORK, b"job", due.to_json(), partition=0)
+            due_on(bus, 0)
         consumer = service._consumer.consumer  # type: ignore[union-attr]
         changes: list[tuple[bool, int]] = []
         consumer.on_pause = lambda paused: changes.append((paused, service._buffered()))
         stopping = asyncio.Event()
         loop = asyncio.create_task(service._poll_loop(stopping))
-
-        async def until(condition: Callable[[], bool]) -> None:
-            async with asyncio.timeout(20):
-                while not condition():
-                    await asyncio.sleep(0.001)
 
         # Every slot busy with a handler that does not return: the buffer fills, and only
         # at twice its limit do the partitions pause.
@@ -162,10 +176,7 @@ def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> N
         runner.release.set()
         await until(lambda: len(changes) > 1)
         assert changes[1][0] is False and changes[1][1] <= limit // 2
-        stopping.set()
-        await asyncio.wait_for(loop, 5)
-        for task in [r.task for r in service.running.values() if r.task]:
-            await asyncio.wait_for(task, 5)
+        await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
 
@@ -186,17 +197,9 @@ def test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause() 
         consumer.assign(both)
         limit = service._buffer_limit
         for i in range(2 * limit + 600):
-            due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
-                         scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
-                         idempotency_key="k", job=JobSnapshot(handler="noop"))
-            bus.append(WORK, b"job", due.to_json(), partition=i % 2)
+            due_on(bus, i % 2)
         stopping = asyncio.Event()
         loop = asyncio.create_task(service._poll_loop(stopping))
-
-        async def until(condition: Callable[[], bool]) -> None:
-            async with asyncio.timeout(20):
-                while not condition():
-                    await asyncio.sleep(0.001)
 
         await until(lambda: service._paused)  # every slot held, the buffer at 2 x limit
         service._on_revoke(consumer, both)  # type: ignore[arg-type]
@@ -204,10 +207,6 @@ def test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause() 
         service._on_assign(consumer, [TopicPartition(WORK, 0)])  # type: ignore[arg-type]
         await until(lambda: service._buffered() > 0)
         assert {m.partition() for q in service._buffer.values() for m in q} == {0}
-        stopping.set()
-        runner.release.set()
-        await asyncio.wait_for(loop, 5)
-        for task in [r.task for r in service.running.values() if r.task]:
-            await asyncio.wait_for(task, 5)
+        await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
