@@ -28,7 +28,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cronstream.shared.records import ExecutionEvent, JobDue, UtcDatetime
+from cronstream.shared.records import ExecutionEvent, JobDue, UtcDatetime, UtcModel
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
@@ -36,7 +36,7 @@ Decision = Literal["QUEUE", "SKIP", "REPLACE"]
 NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY"})
 
 
-class ActiveExecution(BaseModel):
+class ActiveExecution(UtcModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     execution_id: UUID

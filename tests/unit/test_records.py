@@ -15,7 +15,9 @@ from cronstream.shared.records import (
     JobDefinition,
     JobDue,
     JobSnapshot,
+    Record,
     RetryRequest,
+    UtcDatetime,
 )
 
 BASE = {"job_id": "nightly.report-1", "type": "CRON", "schedule": "0 2 * * *", "handler": "noop"}
@@ -116,3 +118,41 @@ def test_one_source_of_statuses_the_wire_the_enum_and_the_sql_guard_agree() -> N
     guard = query("upsert_executions").split("WHERE je.status NOT IN", 1)[1].split(")", 1)[0]
     assert set(re.findall(r"'([A-Z_]+)'", guard)) == TERMINAL
     assert FINAL < TERMINAL
+
+
+def test_times_with_another_offset_are_read_as_the_same_instants_in_utc() -> None:
+    raw = {"event_id": str(uuid.uuid4()), "execution_id": str(uuid.uuid4()), "job_id": "j",
+           "run_id": str(uuid.uuid4()), "status": "COMPLETED", "attempt_number": 1,
+           "scheduled_at": "2026-03-29T03:30:00+02:00", "occurred_at": "2026-03-29T01:31:00Z",
+           "started_at": "2026-03-28T20:30:30-05:00", "completed_at": None}
+    event = ExecutionEvent.model_validate_json(json.dumps(raw))
+    assert event.scheduled_at == datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
+    assert event.started_at == datetime(2026, 3, 29, 1, 30, 30, tzinfo=UTC)
+    assert all(t is not None and t.utcoffset() == timedelta(0)
+               for t in (event.scheduled_at, event.occurred_at, event.started_at))
+    written = json.loads(event.to_json())
+    assert (written["scheduled_at"], written["started_at"], written["completed_at"]) == (
+        "2026-03-29T01:30:00Z", "2026-03-29T01:30:30Z", None)
+    # Built in code too, and on the definitions people write:
+    due = JobDue(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(), reason="MANUAL",
+                 scheduled_at=datetime(2026, 1, 1, 9, tzinfo=timezone(timedelta(hours=9))),
+                 idempotency_key="k", job=JobSnapshot(handler="noop"))
+    assert due.scheduled_at == datetime(2026, 1, 1, tzinfo=UTC) and due.scheduled_at.utcoffset() == timedelta(0)
+    one_time = JobDefinition.from_dict({"job_id": "o", "type": "ONE_TIME", "handler": "noop",
+                                        "run_at": "2026-06-01T12:00:00+05:30"})
+    assert one_time.run_at == datetime(2026, 6, 1, 6, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("2026-01-01T00:00:00", "Input should have timezone info"),
+    ("1970-01-01T00:30:00+01:00", "greater than or equal to 1970-01-01"),  # 1969 in UTC
+    ("2999-12-31T23:00:00-05:00", "less than or equal to 2999-12-31"),  # 3000 in UTC
+])
+def test_a_time_is_checked_as_the_instant_it_names(value: str, needle: str) -> None:
+    assert needle in errors_of({**BASE, "start_at": value})
+
+
+def test_a_utc_datetime_the_record_cannot_move_to_utc_is_refused_when_declared() -> None:
+    with pytest.raises(TypeError, match="inside a container"):
+        class Stamps(Record):  # a list of times: not moved to UTC, so not allowed
+            at: list[UtcDatetime]
