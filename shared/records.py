@@ -320,11 +320,11 @@ class JobDefinition(Record):
 
     @property
     def zone(self) -> ZoneInfo:
-        return _zone(self.timezone)
+        return zone_named(self.timezone)
 
 
 @lru_cache(maxsize=1024)
-def _zone(name: str) -> ZoneInfo:
+def zone_named(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 

@@ -15,13 +15,17 @@ next one bit for bit, and its deterministic `execution_id` with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from typing import Protocol
+from zoneinfo import ZoneInfo
 
 from cronstream.shared.cron import CronExpression, parse_cron
-from cronstream.shared.records import JobDefinition
+from cronstream.shared.records import JobDefinition, zone_named
 
-__all__ = ["first_fire", "from_epoch_ms", "next_fire", "to_epoch_ms", "to_millis", "upcoming"]
+__all__ = ["StoredTiming", "Timing", "first_fire", "from_epoch_ms", "next_fire", "to_epoch_ms",
+           "to_millis", "upcoming"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -45,7 +49,44 @@ def _compiled(expression: str) -> CronExpression:
     return parse_cron(expression)
 
 
-def next_fire(definition: JobDefinition, after: datetime) -> datetime | None:
+class Timing(Protocol):
+    """What `next_fire` reads of a definition."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def schedule(self) -> str | None: ...
+    @property
+    def interval_seconds(self) -> int | None: ...
+    @property
+    def run_at(self) -> datetime | None: ...
+    @property
+    def start_at(self) -> datetime | None: ...
+    @property
+    def end_at(self) -> datetime | None: ...
+    @property
+    def zone(self) -> ZoneInfo: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTiming:
+    """The timing columns of a projected definition (`job_definitions`), for `next_fire`
+    without parsing and validating the whole definition again."""
+
+    type: str
+    schedule: str | None
+    interval_seconds: int | None
+    run_at: datetime | None
+    timezone: str
+    start_at: datetime | None
+    end_at: datetime | None
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return zone_named(self.timezone)
+
+
+def next_fire(definition: Timing, after: datetime) -> datetime | None:
     """The first fire of `definition` strictly after `after`, or None if there is none."""
     start, end = definition.start_at, definition.end_at
     if start is not None and after < start:

@@ -249,7 +249,9 @@ UPDATE workers SET status = 'OFFLINE', running = '{}', updated_at = now()
 WHERE worker_id = ANY($1::text[]) AND status <> 'OFFLINE';
 
 -- name: due_for_next_execution
-SELECT job_id, definition FROM job_definitions
+-- The columns of schedule.StoredTiming, in its order.
+SELECT job_id, type, schedule, interval_seconds, run_at, timezone, start_at, end_at
+FROM job_definitions
 WHERE deleted_at IS NULL AND enabled AND type <> 'DEPENDENT' AND next_execution_at < now()
 LIMIT 10000;
 
