@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -19,7 +20,7 @@ from cronstream.shared.schedule import next_fire
 from cronstream.shared.settings import Settings
 from tests.support import sql
 
-DEFINITIONS = [
+DEFINITIONS: list[dict[str, Any]] = [
     {"job_id": "cron-dst", "type": "CRON", "schedule": "*/7 * * * * *", "timezone": "Europe/Berlin"},
     {"job_id": "cron-daily", "type": "CRON", "schedule": "30 2 * * *", "timezone": "America/New_York"},
     {"job_id": "interval-anchored", "type": "INTERVAL", "interval_seconds": 13,
