@@ -13,6 +13,7 @@ worker has no `cronstream_scheduler_leader` at 0 to confuse a sum).
 from __future__ import annotations
 
 from importlib import metadata
+from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -256,6 +257,21 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
 }
 _announced: set[int] = set()
 _process = {"service": "cronstream"}
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+_children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+
+
+def child(metric: M, *values: str) -> M:
+    """`metric.labels(*values)` (in the order of its label names), kept: `labels()` takes
+    a lock and builds its key on every call, and the hot paths call it for every
+    execution. Label values are bounded (never an id), so is this."""
+    key = (id(metric), values)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*values)
+    return found  # type: ignore[return-value]
 
 
 def service() -> str:

@@ -327,8 +327,8 @@ class MonitorService:
                 metrics.PROJECTED.labels(topic=t.logical(topic)).inc(count)
         for event, _, _ in fresh.events:
             if event.terminal:
-                metrics.EXECUTIONS.labels(status=event.status, queue=event.queue or "",
-                                          priority=event.priority or "").inc()
+                metrics.child(metrics.EXECUTIONS, event.status, event.queue or "",
+                              event.priority or "").inc()
         for alert, _, _ in fresh.alerts:
             metrics.ALERTS.labels(kind=alert.kind, state=alert.state).inc()
 

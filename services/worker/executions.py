@@ -125,13 +125,13 @@ class Reporter:
 
 def count_started(run: Running) -> None:
     job = run.due.job
-    metrics.START_LAG.labels(queue=job.queue, priority=job.priority).observe(
+    metrics.child(metrics.START_LAG, job.queue, job.priority).observe(
         max(0.0, (run.started_at - run.due.scheduled_at).total_seconds()), run.exemplar)
 
 
 def count_finished(done: Finished) -> None:
     job, status = done.running.due.job, done.status
-    metrics.WORKER_EXECUTIONS.labels(status=status, queue=job.queue, priority=job.priority).inc()
-    metrics.EXECUTION_DURATION.labels(queue=job.queue, priority=job.priority, status=status).observe(
+    metrics.child(metrics.WORKER_EXECUTIONS, status, job.queue, job.priority).inc()
+    metrics.child(metrics.EXECUTION_DURATION, job.queue, job.priority, status).observe(
         max(0.0, (done.completed_at - done.running.started_at).total_seconds()),
         done.running.exemplar)

@@ -45,6 +45,16 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def test_a_kept_child_is_the_labelled_series_itself() -> None:
+    kept = metrics.child(metrics.EXECUTION_DURATION, "q-child", "high", "FAILED")
+    assert kept is metrics.child(metrics.EXECUTION_DURATION, "q-child", "high", "FAILED")
+    assert kept is metrics.EXECUTION_DURATION.labels(queue="q-child", priority="high", status="FAILED")
+    kept.observe(2.5)
+    series = {s.labels.get("le"): s.value for m in metrics.EXECUTION_DURATION.collect()
+              for s in m.samples if s.name.endswith("_bucket") and s.labels.get("queue") == "q-child"}
+    assert series["+Inf"] == 1
+
+
 @pytest.fixture
 def served() -> tuple[Health, int]:
     health = Health("worker", stall_seconds=0.5)
