@@ -105,9 +105,11 @@ class Reporter:
             priority=run.due.job.priority, queue=run.due.job.queue,
             cancelled_by=run.cancel.by if status == "CANCELLED" else None,
         ))
-        log(logger, "execution_finished", logging.DEBUG if status == "COMPLETED" else logging.WARNING,
-            job_id=run.due.job_id, execution_id=str(run.due.execution_id), status=status,
-            attempt=run.due.attempt_number, error=error, trace_id=run.trace_id)
+        level = logging.DEBUG if status == "COMPLETED" else logging.WARNING
+        if logger.isEnabledFor(level):  # its fields cost more than the rest, per execution
+            log(logger, "execution_finished", level, job_id=run.due.job_id,
+                execution_id=str(run.due.execution_id), status=status,
+                attempt=run.due.attempt_number, error=error, trace_id=run.trace_id)
         done.records = records
         return records
 
