@@ -7,7 +7,7 @@ import sys
 import traceback
 
 BENCHMARKS = ["bench.e2e_throughput", "bench.scheduler", "bench.worker", "bench.retries",
-              "bench.monitor", "bench.records", "bench.ui", "bench.dashboards"]
+              "bench.monitor", "bench.records", "bench.hot_path", "bench.ui", "bench.dashboards"]
 
 
 def main() -> int:
