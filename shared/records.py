@@ -93,8 +93,6 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(2999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
-
-
 def _plain_json(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
@@ -152,13 +150,16 @@ IN_UTC = _InUtc()
 UtcDatetime = Annotated[AwareDatetime, Field(ge=EARLIEST, le=LATEST), IN_UTC]
 
 
+def _marked(annotation: Any) -> bool:
+    return get_origin(annotation) is Annotated and IN_UTC in annotation.__metadata__
+
+
 def _utc_fields(model: type[BaseModel]) -> tuple[str, ...]:
     """The fields of `model` declared `UtcDatetime` or `UtcDatetime | None`."""
     names = []
     for name, info in model.model_fields.items():
-        if IN_UTC in info.metadata or any(
-                get_origin(a) is Annotated and IN_UTC in a.__metadata__
-                for a in get_args(info.annotation) if get_origin(info.annotation) in (Union, UnionType)):
+        optional = get_origin(info.annotation) in (Union, UnionType)
+        if IN_UTC in info.metadata or (optional and any(map(_marked, get_args(info.annotation)))):
             names.append(name)
         elif "IN_UTC" in repr(info.annotation):
             raise TypeError(f"{model.__name__}.{name}: a UtcDatetime inside a container is not "
@@ -185,6 +186,8 @@ class UtcModel(BaseModel):
             if value is not None and value.utcoffset() != _ZERO:
                 values[name] = value.astimezone(UTC)
         return self
+
+
 JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 HandlerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]

@@ -223,8 +223,8 @@ def headers_of(span: Span) -> Headers:
     if not recording():
         ids = span.get_span_context()
         if ids.is_valid and not ids.trace_state and _traceparent_only():
-            # What the default propagators write for it, without their machinery (3 µs of
-            # every fire): not recording, a fire's headers are its new ids.
+            # What the default propagators write for it, without their machinery (about a
+            # microsecond of every fire): not recording, a fire's headers are its new ids.
             return [(TRACEPARENT, f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
                      .encode())]
     return inject(trace.set_span_in_context(span))

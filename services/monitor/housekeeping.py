@@ -251,8 +251,8 @@ class Housekeeping:
         now = now_utc()
         ids, times = [], []
         for row in rows:
-            # The row's timing columns, written from the same definition: once per fire of
-            # every job, parsing the whole definition again cost more than the rest.
+            # The row's timing columns, written from the same definition: this runs up to
+            # once per fire of every job, and parsing the whole definition cost the most.
             job_id, *timing = row
             try:
                 upcoming = next_fire(StoredTiming(*timing), now)
