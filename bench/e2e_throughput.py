@@ -14,6 +14,8 @@ For each offered rate (N interval jobs every second, spread over the second):
 - CPU per execution: the CPU seconds each process spent during the window (every service
   process with its children — handler pools — and the broker and PostgreSQL), divided by
   the executions completed in the window; each share reported;
+- Kafka transactions committed during the window, per second and per 1,000 executions,
+  by service (`cronstream_kafka_transactions_total`): what the broker's CPU follows;
 - peak RSS of each service process (VmHWM: the peak, not a sample).
 
 Programme (`make bench`): step the offered rate up until start-lag p99 exceeds 1 s or
@@ -28,6 +30,7 @@ sampled 100 %, exported over OTLP/HTTP to a receiver on loopback in this process
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -51,7 +54,19 @@ CEILING_FRACTION = 0.95
 @dataclass
 class Sample:
     cpu: dict[str, float]
+    transactions: dict[str, float]
     at: float
+
+
+_TRANSACTIONS = re.compile(r"^cronstream_kafka_transactions_total\{[^}]*\} (\S+)$", re.MULTILINE)
+
+
+def _transactions(proc: ServiceProcess) -> float:
+    """The Kafka transactions a service has committed so far (its /metrics)."""
+    status, body = proc.get("/metrics")
+    if status != 200:
+        raise RuntimeError(f"{proc.name}: /metrics answered {status}")
+    return sum(float(v) for v in _TRANSACTIONS.findall(body))
 
 
 def _tree_cpu(pid: int) -> float:
@@ -97,7 +112,7 @@ def _sample(procs: dict[str, ServiceProcess], servers: dict[str, list[int]]) -> 
     cpu = {name: _tree_cpu(p.pid) for name, p in procs.items()}
     for name, pids in servers.items():
         cpu[name] = sum(_tree_cpu(pid) for pid in pids)
-    return Sample(cpu, time.monotonic())
+    return Sample(cpu, {name: _transactions(p) for name, p in procs.items()}, time.monotonic())
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -202,6 +217,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         cpu = {k: round(last.cpu[k] - first.cpu.get(k, 0.0), 2) for k in last.cpu}
         total_cpu = sum(cpu.values())
         per = {k: round(v / completed * 1e6, 1) if completed else None for k, v in cpu.items()}
+        transactions = {k: last.transactions[k] - first.transactions[k] for k in last.transactions}
         return {
             "offered_per_second": rate, "window_seconds": round(span, 1), "handler": handler,
             "workers": workers, "worker_concurrency": concurrency,
@@ -216,6 +232,13 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
             "cpu_us_per_execution": {"total": round(total_cpu / completed * 1e6, 1) if completed else None,
                                      **per},
             "machine_cpu_utilisation": round(total_cpu / (span * (os.cpu_count() or 1)), 3),
+            # What the broker's CPU follows (bench.transactions): a transaction costs it
+            # milliseconds whatever it holds; per 1,000 executions, each service's share.
+            "kafka_transactions_per_second": round(sum(transactions.values()) / span, 1),
+            "kafka_transactions_per_1000_executions": {
+                "total": round(sum(transactions.values()) / completed * 1000, 1) if completed else None,
+                **{k: round(v / completed * 1000, 1) if completed else None
+                   for k, v in transactions.items()}},
             "peak_rss_mb": {name: _peak_rss_mb(p.pid) for name, p in procs.items()},
         }
     finally:
@@ -246,7 +269,8 @@ def main() -> dict[str, Any]:
         runs.append(figures)
         print(f"offered {rate}/s: completed {figures['completed_per_second']}/s, start lag p99 "
               f"{figures['start_lag_ms']['p99']} ms, CPU {figures['cpu_us_per_execution']['total']} "
-              f"us/execution", flush=True)
+              f"us/execution, {figures['kafka_transactions_per_second']} Kafka transactions/s",
+              flush=True)
         if not holds(figures):
             break
         ceiling = figures

@@ -6,8 +6,9 @@ import importlib
 import sys
 import traceback
 
-BENCHMARKS = ["bench.e2e_throughput", "bench.scheduler", "bench.worker", "bench.retries",
-              "bench.monitor", "bench.records", "bench.hot_path", "bench.ui", "bench.dashboards"]
+BENCHMARKS = ["bench.e2e_throughput", "bench.transactions", "bench.scheduler", "bench.worker",
+              "bench.retries", "bench.monitor", "bench.records", "bench.hot_path", "bench.ui",
+              "bench.dashboards"]
 
 
 def main() -> int:

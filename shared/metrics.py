@@ -36,6 +36,12 @@ DEAD_LETTERS = Counter(
     ["service", "topic"],
     registry=None,
 )
+TRANSACTIONS = Counter(
+    "cronstream_kafka_transactions",
+    "Kafka transactions committed (each costs the broker far more than a record in it).",
+    ["service"],
+    registry=None,
+)
 TRANSACTION_ABORTS = Counter(
     "cronstream_kafka_transaction_aborts",
     "Kafka transactions aborted (the batch is read again).",
@@ -211,6 +217,7 @@ def version() -> str:
 COMMON: tuple[MetricWrapperBase, ...] = (
     BUILD_INFO,
     DEAD_LETTERS,
+    TRANSACTIONS,
     TRANSACTION_ABORTS,
     PRODUCER_RESETS,
     CONSUMER_LAG,

@@ -115,6 +115,7 @@ class _Blocking:
                     self._retry(lambda: self.producer.send_offsets_to_transaction(
                         offsets, group_metadata(), timeout), "send_offsets_to_transaction")
                 self._retry(lambda: self.producer.commit_transaction(timeout), "commit_transaction")
+                metrics.child(metrics.TRANSACTIONS, metrics.service()).inc()
                 return
             except KafkaException as exc:
                 err = kafka_error(exc)

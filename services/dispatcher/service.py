@@ -54,6 +54,12 @@ from cronstream.shared.telemetry import Hop, messaging, new_headers, recording
 logger = logging.getLogger(__name__)
 
 SERVICE = "dispatcher"
+# Batches (transactions) start at least this far apart. A transaction costs the broker
+# milliseconds whatever it holds (bench.transactions); taken as soon as anything arrives,
+# a batch at moderate load is a scheduler round's few JobDues or a handful of execution
+# events, one transaction each. Waiting out the gap gathers them: at 1,000 executions/s
+# it halves the dispatcher's transactions, and a due job waits at most this long here.
+BATCH_GAP_SECONDS = 0.05
 
 
 @dataclass
@@ -108,9 +114,14 @@ class DispatcherService:
                     on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             )
             log(logger, "dispatcher_started", instance=self.instance)
+            last_batch = 0.0
             while not stopping.is_set():
+                gap = BATCH_GAP_SECONDS - (time.monotonic() - last_batch)
+                if gap > 0:
+                    await asyncio.sleep(gap)
                 messages = await consumer.consume(2000, 0.1)
                 if messages:
+                    last_batch = time.monotonic()
                     await self._process(messages)
         except ProducerFenced as exc:
             log(logger, "dispatcher_fenced", logging.ERROR, instance=self.instance, error=str(exc),

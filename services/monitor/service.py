@@ -63,6 +63,13 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "monitor"
 BATCH = 5000
+# Batches start at least this far apart. Each is one PostgreSQL transaction (rows and
+# offsets), whose fixed cost — round trips, commit, the statements' planning — is most of
+# a small batch's; taken as soon as anything arrives, a batch at moderate load is what
+# one worker or dispatcher transaction made visible. Waiting out the gap gathers several:
+# at 1,000 executions/s it cuts the monitor's and PostgreSQL's CPU by about 40 %, and the
+# projection runs at most this much later (decision 0012). Start lag is not affected.
+BATCH_GAP_SECONDS = 0.1
 HOUSEKEEPING_SECONDS = 1.0
 # Errors that mean "the database is away", waited out; anything else is a bug or a bad
 # record and is retried a few times before the service gives up.
@@ -134,15 +141,20 @@ class MonitorService:
                     "retention", partial(retention_loop, pool, self.settings, stopping),
                     self.health, stopping))]
             log(logger, "monitor_started", instance=self.instance)
+            last_batch = 0.0
             while not stopping.is_set() and not writer.done():
                 if self._resync_requested:
                     await self._resync(consumer)
                 if self._kafka_offsets:
                     done, self._kafka_offsets = self._kafka_offsets, []
                     await consumer.call(self._commit_to_kafka, consumer.consumer, done)
+                gap = BATCH_GAP_SECONDS - (time.monotonic() - last_batch)
+                if gap > 0:
+                    await asyncio.sleep(gap)
                 epoch = self._epoch  # before the consume: what it returns belongs to this epoch
                 messages = await consumer.consume(BATCH, 0.1)
                 if messages:
+                    last_batch = time.monotonic()
                     batch = self.decoder.decode(messages)
                     batch.epoch = epoch
                     await self._pending.put(batch)

@@ -137,6 +137,12 @@ def test_every_service_serves_valid_metrics_that_agree_with_postgresql(
     scheduler_text = services["scheduler"].get("/metrics")[1]
     assert "cronstream_scheduler_leader 1.0" in scheduler_text
     assert counter(scheduler_text, "cronstream_scheduler_fires_total", reason="SCHEDULE") >= 7
+    # Every hop committed its batches in transactions, and says how many (the broker's CPU
+    # follows that count, decision 0012).
+    committed = {name: counter(proc.get("/metrics")[1], "cronstream_kafka_transactions_total")
+                 for name, proc in services.items()}
+    assert committed["scheduler"] >= 1 and committed["dispatcher"] >= 1, committed
+    assert sum(v for name, v in committed.items() if name.startswith("worker")) >= 1, committed
 
 
 def test_readiness_follows_assignment_and_outages_leave_a_service_alive(
