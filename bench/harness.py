@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -72,7 +73,10 @@ class BenchSystem:
             "topic_partitions": self.partitions, "heartbeat_interval_seconds": 2,
         })
         ensure_topics(self.settings, self.settings.topics.specs())
+        # A fresh log per run: services append to their log, and what a run reads from it
+        # (readiness, its HTTP port) must be that run's, not an earlier one's.
         self.log_dir = RESULTS / "logs" / self.name
+        shutil.rmtree(self.log_dir, ignore_errors=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, *args: str, name: str, env: dict[str, str] | None = None) -> ServiceProcess:
