@@ -58,7 +58,8 @@ SERVICE = "dispatcher"
 # milliseconds whatever it holds (bench.transactions); taken as soon as anything arrives,
 # a batch at moderate load is a scheduler round's few JobDues or a handful of execution
 # events, one transaction each. Waiting out the gap gathers them: at 1,000 executions/s
-# it halves the dispatcher's transactions, and a due job waits at most this long here.
+# it cuts the dispatcher's transactions to a third, and a due job waits at most this
+# long here (decision 0012).
 BATCH_GAP_SECONDS = 0.05
 
 
