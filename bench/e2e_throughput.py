@@ -37,13 +37,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from bench.harness import BenchSystem, percentile, write_result
+from bench.harness import BenchSystem, percentile, server_pids, tree_cpu, write_result
 from cronstream.client import Client
-from cronstream.infra import Infra
 from cronstream.shared.records import JobDefinition
-from cronstream.shared.settings import Settings
 from tests.otlp import Receiver
 from tests.support import ServiceProcess, eventually, sql
 
@@ -69,49 +65,10 @@ def _transactions(proc: ServiceProcess) -> float:
     return sum(float(v) for v in _TRANSACTIONS.findall(body))
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and all its descendants, the reaped ones included (a
-    worker's handler pool, PostgreSQL's backends): the process's own times plus the times
-    of the children it has waited for, plus every live descendant's. Across two samples
-    the difference counts a child that lived and died in between, once."""
-    try:
-        root = psutil.Process(pid)
-        total = sum(root.cpu_times()[:4])
-        for child in root.children(recursive=True):
-            try:
-                total += sum(child.cpu_times()[:4])
-            except psutil.NoSuchProcess:
-                continue
-        return total
-    except psutil.NoSuchProcess:
-        return 0.0
-
-
-def _servers(settings: Settings) -> dict[str, list[int]]:
-    """The broker's and PostgreSQL's root pids: the ones `cronstream infra` started, else
-    every broker and postmaster of the machine (a benchmark machine runs one of each). The
-    postmaster stands for its whole tree: backends come and go (connections opened during
-    the window), and a per-backend list taken once would miss them."""
-    infra = Infra.from_settings(settings)
-    kafka = [pid] if (pid := infra.kafka.started_pid()) else []
-    postgres: list[int] = []
-    for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
-        if not kafka and "kafka.Kafka" in " ".join(proc.info["cmdline"] or []):
-            kafka.append(proc.info["pid"])
-        elif (proc.info["name"] or "").startswith("postgres"):
-            try:
-                parent = psutil.Process(proc.info["ppid"]).name()
-            except psutil.Error:
-                parent = ""
-            if not parent.startswith("postgres"):
-                postgres.append(proc.info["pid"])
-    return {"kafka": kafka, "postgres": postgres}
-
-
 def _sample(procs: dict[str, ServiceProcess], servers: dict[str, list[int]]) -> Sample:
-    cpu = {name: _tree_cpu(p.pid) for name, p in procs.items()}
+    cpu = {name: tree_cpu(p.pid) for name, p in procs.items()}
     for name, pids in servers.items():
-        cpu[name] = sum(_tree_cpu(pid) for pid in pids)
+        cpu[name] = sum(tree_cpu(pid) for pid in pids)
     return Sample(cpu, {name: _transactions(p) for name, p in procs.items()}, time.monotonic())
 
 
@@ -190,7 +147,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         with Client(system.settings) as client:
             client.apply(definitions)
         url = system.settings.database_url
-        servers = _servers(system.settings)
+        servers = server_pids(system.settings)
         eventually(lambda: sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = "
                                     "'COMPLETED'")[0]["n"] > rate, 60, message="the load flows")
         settled = _settle(url, rate)

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
+
+from cronstream.infra import Infra
 from cronstream.shared.db import apply_migrations, connect
 from cronstream.shared.kafka import delete_topics, ensure_topics
 from cronstream.shared.settings import Settings
@@ -97,6 +100,45 @@ class BenchSystem:
 
         asyncio.run(drop())
         delete_topics(self.settings)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and all its descendants, the reaped ones included (a
+    worker's handler pool, PostgreSQL's backends): the process's own times plus the times
+    of the children it has waited for, plus every live descendant's. Across two samples
+    the difference counts a child that lived and died in between, once."""
+    try:
+        root = psutil.Process(pid)
+        total = sum(root.cpu_times()[:4])
+        for child in root.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:4])
+            except psutil.NoSuchProcess:
+                continue
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def server_pids(settings: Settings) -> dict[str, list[int]]:
+    """The broker's and PostgreSQL's root pids: the ones `cronstream infra` started, else
+    every broker and postmaster of the machine (a benchmark machine runs one of each). The
+    postmaster stands for its whole tree: backends come and go (connections opened during
+    the window), and a per-backend list taken once would miss them."""
+    infra = Infra.from_settings(settings)
+    kafka = [pid] if (pid := infra.kafka.started_pid()) else []
+    postgres: list[int] = []
+    for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
+        if not kafka and "kafka.Kafka" in " ".join(proc.info["cmdline"] or []):
+            kafka.append(proc.info["pid"])
+        elif (proc.info["name"] or "").startswith("postgres"):
+            try:
+                parent = psutil.Process(proc.info["ppid"]).name()
+            except psutil.Error:
+                parent = ""
+            if not parent.startswith("postgres"):
+                postgres.append(proc.info["pid"])
+    return {"kafka": kafka, "postgres": postgres}
 
 
 def write_result(name: str, figures: dict[str, Any]) -> Path:

@@ -20,8 +20,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.e2e_throughput import _servers, _tree_cpu
-from bench.harness import write_result
+from bench.harness import server_pids, tree_cpu, write_result
 from cronstream.shared.kafka import delete_topics, ensure_topics, producer_config
 from cronstream.shared.settings import Settings
 from cronstream.shared.topics import TopicSpec
@@ -33,7 +32,7 @@ CASES = [(1, 1, 400), (6, 1, 400), (6, 10, 400), (6, 100, 150)]
 
 
 def _broker_cpu(pids: list[int]) -> float:
-    return sum(_tree_cpu(pid) for pid in pids)
+    return sum(tree_cpu(pid) for pid in pids)
 
 
 def _commit(producer: Producer, topic: str, partitions: int, per_partition: int) -> None:
@@ -45,7 +44,7 @@ def _commit(producer: Producer, topic: str, partitions: int, per_partition: int)
 
 def main() -> dict[str, Any]:
     settings = Settings.from_env()
-    brokers = _servers(settings)["kafka"]
+    brokers = server_pids(settings)["kafka"]
     if not brokers:
         raise SystemExit("no Kafka broker process on this machine (cronstream infra up)")
     settings = settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:8]}."})
