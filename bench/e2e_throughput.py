@@ -16,6 +16,8 @@ For each offered rate (N interval jobs every second, spread over the second):
   the executions completed in the window; each share reported;
 - Kafka transactions committed during the window, per second and per 1,000 executions,
   by service (`cronstream_kafka_transactions_total`): what the broker's CPU follows;
+- full garbage collections per second, by service (`python_gc_collections_total` of the
+  oldest generation): each scans the whole heap (docs/decisions/0013);
 - peak RSS of each service process (VmHWM: the peak, not a sample).
 
 Programme (`make bench`): step the offered rate up until start-lag p99 exceeds 1 s or
@@ -51,25 +53,30 @@ CEILING_FRACTION = 0.95
 class Sample:
     cpu: dict[str, float]
     transactions: dict[str, float]
+    full_collections: dict[str, float]
     at: float
 
 
 _TRANSACTIONS = re.compile(r"^cronstream_kafka_transactions_total\{[^}]*\} (\S+)$", re.MULTILINE)
+_FULL_COLLECTIONS = re.compile(r'^python_gc_collections_total\{generation="2"\} (\S+)$', re.MULTILINE)
 
 
-def _transactions(proc: ServiceProcess) -> float:
-    """The Kafka transactions a service has committed so far (its /metrics)."""
+def _counters(proc: ServiceProcess) -> tuple[float, float]:
+    """A service's Kafka transactions committed and full collections so far (its /metrics)."""
     status, body = proc.get("/metrics")
     if status != 200:
         raise RuntimeError(f"{proc.name}: /metrics answered {status}")
-    return sum(float(v) for v in _TRANSACTIONS.findall(body))
+    return (sum(float(v) for v in _TRANSACTIONS.findall(body)),
+            sum(float(v) for v in _FULL_COLLECTIONS.findall(body)))
 
 
 def _sample(procs: dict[str, ServiceProcess], servers: dict[str, list[int]]) -> Sample:
     cpu = {name: tree_cpu(p.pid) for name, p in procs.items()}
     for name, pids in servers.items():
         cpu[name] = sum(tree_cpu(pid) for pid in pids)
-    return Sample(cpu, {name: _transactions(p) for name, p in procs.items()}, time.monotonic())
+    counters = {name: _counters(p) for name, p in procs.items()}
+    return Sample(cpu, {name: c[0] for name, c in counters.items()},
+                  {name: c[1] for name, c in counters.items()}, time.monotonic())
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -196,6 +203,9 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
                 "total": round(sum(transactions.values()) / completed * 1000, 1) if completed else None,
                 **{k: round(v / completed * 1000, 1) if completed else None
                    for k, v in transactions.items()}},
+            "full_collections_per_second": {
+                k: round((last.full_collections[k] - first.full_collections[k]) / span, 2)
+                for k in last.full_collections},
             "peak_rss_mb": {name: _peak_rss_mb(p.pid) for name, p in procs.items()},
         }
     finally:
