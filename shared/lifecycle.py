@@ -61,7 +61,7 @@ def die_with_parent() -> None:
 # The collector's default (a young-generation pass every 700 net container allocations)
 # suits programs that keep what they allocate. A service decodes batches of thousands of
 # records that live for one batch: at 700, every batch in flight was scanned several
-# times, promoted, and then forced full collections of the whole heap — 27 % of the
+# times, promoted, and then forced full collections of the whole heap — ~30 % of the
 # monitor's core at 3,000 executions/s (docs/decisions/0013-garbage-collection.md).
 GC_THRESHOLDS = (50_000, 20, 10)
 
