@@ -3,12 +3,17 @@
 Each slot of the worker's concurrency is one long-lived child process (started from a
 forkserver that has already imported the handler modules, so a start costs milliseconds,
 not an interpreter boot). A child runs one execution at a time. The parent talks to it
-over a pipe in JSON lines — never pickle:
+over two pipes, in JSON — never pickle:
 
     parent → child  {"op": "run", "handler": ..., <the Context's fields>, "trace": [[header, value]...]}
-                    {"op": "cancel"}
     child → parent  {"op": "progress", "percent": 40, "message": "..."}
                     {"op": "done", "status": "COMPLETED", "result": ..., "error": ...}
+    parent → child  <execution id>        (the second pipe: cancel that execution)
+
+The child's main thread reads its runs itself: an execution costs one wake-up of the
+child, not a reader thread's and then the main thread's. Cancellations, rare, come on
+their own pipe, read by a thread that sleeps until one does; it names its execution, so
+one that arrives late never touches the next run.
 
 Timeouts and cancellations are enforced by the parent: at `timeout_seconds` the child is
 killed (SIGKILL: CPU loops and blocking calls included) and the execution is TIMED_OUT; a
@@ -29,7 +34,6 @@ import json
 import logging
 import multiprocessing
 import os
-import queue
 import signal
 import threading
 from datetime import datetime
@@ -62,7 +66,7 @@ FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
 # -- the child side ----------------------------------------------------------------------
 
 
-def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
+def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool) -> None:
     """Entry point of a pool process: import the handler modules, then run executions.
 
     Each execution runs inside the run's trace context (sent by the parent), under a span
@@ -85,35 +89,55 @@ def child_main(conn: Connection, imports: list[str], allow_shell: bool) -> None:
         importlib.import_module(module)
     if allow_shell:
         builtins.enable_shell()
-    cancel = threading.Event()
-    work: queue.Queue[dict[str, Any] | None] = queue.Queue()
-
-    def read() -> None:
+    watch = _Cancels(cancels)
+    threading.Thread(target=watch.read, daemon=True, name="pool-cancels").start()
+    while True:
         try:
-            while True:
-                message = json.loads(conn.recv_bytes())
-                if message["op"] == "cancel":
-                    cancel.set()
-                else:
-                    work.put(message)
+            message = json.loads(conn.recv_bytes())
         except (EOFError, OSError):
-            work.put(None)  # the parent is gone
-
-    threading.Thread(target=read, daemon=True, name="pool-reader").start()
-    while (message := work.get()) is not None:
-        cancel.clear()
+            return  # the parent is gone
+        cancel = watch.running(message["execution_id"])
         headers = [(str(k), str(v).encode()) for k, v in message.get("trace", [])]
         with telemetry.attached(headers):
             reply = _run_in_child(message, conn, cancel)
+        watch.running(None)
         telemetry.flush()
-        conn.send_bytes(json.dumps(reply).encode())
+        conn.send_bytes(reply)
 
 
-def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.Event) -> dict[str, Any]:
+class _Cancels:
+    """The child's cancellations: the execution ids its parent sent, and the flag of the
+    one running. A cancellation may be read before its run (two pipes, two readers) or
+    after it ended: each side checks the other's latest, so neither order loses it and a
+    late one never reaches the next run."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.current: str | None = None
+        self.flag = threading.Event()
+        self.last_cancelled: str | None = None
+
+    def running(self, execution_id: str | None) -> threading.Event:
+        self.flag = threading.Event()  # a fresh flag: a late set of the last one is harmless
+        self.current = execution_id
+        if execution_id is not None and execution_id == self.last_cancelled:
+            self.flag.set()
+        return self.flag
+
+    def read(self) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                execution_id = self.conn.recv_bytes().decode()
+                self.last_cancelled = execution_id
+                if execution_id == self.current:
+                    self.flag.set()
+
+
+def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.Event) -> bytes:
+    """The `done` reply to one run (the result's JSON is spliced in, not encoded twice)."""
     spec = REGISTRY.get(message["handler"])
     if spec is None:
-        return {"op": "done", "status": "PERMANENTLY_FAILED",
-                "error": f"unknown handler {message['handler']!r}"}
+        return _done("PERMANENTLY_FAILED", error=f"unknown handler {message['handler']!r}")
 
     def progress(percent: float, text: str | None) -> None:
         conn.send_bytes(json.dumps({"op": "progress", "percent": percent,
@@ -131,14 +155,18 @@ def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.E
         try:
             result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
         except NonRetryableError as exc:
-            return {"op": "done", "status": "PERMANENTLY_FAILED", "error": describe_error(exc)}
+            return _done("PERMANENTLY_FAILED", error=describe_error(exc))
         except Exception as exc:
-            return {"op": "done", "status": "FAILED", "error": describe_error(exc)}
+            return _done("FAILED", error=describe_error(exc))
     encoded, problem = encode_result(result)
-    if problem is not None:
-        return {"op": "done", "status": "FAILED", "error": problem}
+    if problem is not None or encoded is None:
+        return _done("FAILED", error=problem or "no result")
     status = "CANCELLED" if cancel.is_set() else "COMPLETED"
-    return {"op": "done", "status": status, "result_json": encoded}
+    return b'{"op":"done","status":"%s","result":%s}' % (status.encode(), encoded.encode())
+
+
+def _done(status: str, error: str) -> bytes:
+    return json.dumps({"op": "done", "status": status, "error": error}).encode()
 
 
 def run_message(due: JobDue, trace: Headers | None) -> bytes:
@@ -154,7 +182,7 @@ def run_message(due: JobDue, trace: Headers | None) -> bytes:
 
 
 _TIMEOUT = {"op": "timeout"}  # what a run's timer settles it with
-_CANCEL = {"op": "cancel"}  # what its cancel signal settles it with
+_CANCEL = {"op": "cancel"}  # what its cancel signal settles it with (never sent)
 
 
 # -- the parent side ---------------------------------------------------------------------
@@ -169,11 +197,15 @@ class Child:
 
     def __init__(self, ctx: Any, imports: list[str], allow_shell: bool) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
+        cancels_in, cancels_out = ctx.Pipe(duplex=False)
         self.conn: Connection = parent_end
-        self.process = ctx.Process(target=child_main, args=(child_end, imports, allow_shell),
+        self.cancels: Connection = cancels_out
+        self.process = ctx.Process(target=child_main,
+                                   args=(child_end, cancels_in, imports, allow_shell),
                                    daemon=True, name="cronstream-handler")
         self.process.start()
         child_end.close()
+        cancels_in.close()
         self.executions = 0
         self.dead = False  # killed, or its pipe closed: replaced, never run again
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,6 +250,7 @@ class Child:
             self.process.kill()
         self.process.join(5)
         self.conn.close()
+        self.cancels.close()
 
     async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
@@ -244,7 +277,7 @@ class Child:
                     # Tell the handler; kill it if it has not returned after the grace.
                     cancelled_at = loop.time()
                     with contextlib.suppress(OSError):
-                        self.conn.send_bytes(b'{"op":"cancel"}')
+                        self.cancels.send_bytes(str(due.execution_id).encode())
                     timer.cancel()
                     reply = self._reply = loop.create_future()
                     timer = loop.call_at(min(deadline, cancelled_at + CANCEL_GRACE_SECONDS),
@@ -279,8 +312,7 @@ def _outcome(message: dict[str, Any], cancelled: bool) -> Outcome:
     status = message["status"]
     if cancelled and status in ("COMPLETED", "FAILED"):
         status = "CANCELLED"
-    result = json.loads(message["result_json"]) if message.get("result_json") else None
-    return Outcome(status, result=result, error=message.get("error") or
+    return Outcome(status, result=message.get("result"), error=message.get("error") or
                    ("cancelled" if status == "CANCELLED" else None))
 
 
@@ -295,7 +327,9 @@ class PoolRunner:
         self.allow_shell = allow_shell
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload([FORKSERVER_SIGNALS, BUILTINS, *self.imports])
-        self._idle: asyncio.Queue[Child] = asyncio.Queue()
+        # Last in, first out: the child that just answered runs the next execution, while
+        # its memory is still in the caches; under less than full load the others sleep.
+        self._idle: asyncio.LifoQueue[Child] = asyncio.LifoQueue()
         self._children: list[Child] = []
         self._closing = False
         self.replaced = 0

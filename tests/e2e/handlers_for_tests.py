@@ -38,6 +38,13 @@ def slow_write(ctx: Context) -> dict[str, Any]:
     return {"cancelled": ctx.cancelled}
 
 
+@handler("test.wait-for-cancel")
+def wait_for_cancel(ctx: Context) -> dict[str, Any]:
+    """Says it is waiting (a progress report), then waits up to params.seconds to be cancelled."""
+    ctx.report_progress(0, "waiting")
+    return {"cancelled": ctx.wait_cancelled(float(ctx.params.get("seconds", 60)))}
+
+
 @handler("test.refuse")
 def refuse(ctx: Context) -> None:
     from cronstream import NonRetryableError

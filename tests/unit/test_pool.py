@@ -1,0 +1,78 @@
+"""The process pool without Kafka: a cancellation reaches the handler that runs (which
+returns, and its process lives on), one that arrives after its execution ended never
+touches the next run of that process, and results come back as the handler returned them."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import tests.e2e.handlers_for_tests  # noqa: F401  (registers the handlers in this process too)
+from cronstream.handlers import REGISTRY
+from cronstream.services.worker.pool import FORKSERVER_SIGNALS, Child, PoolRunner
+from cronstream.services.worker.runner import CancelSignal
+from cronstream.shared.records import JobDue, JobSnapshot
+
+HANDLERS = "tests.e2e.handlers_for_tests"
+
+
+def _due(handler: str, **params: Any) -> JobDue:
+    return JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
+                  scheduled_at=datetime(2026, 12, 1, tzinfo=UTC), reason="SCHEDULE",
+                  idempotency_key="k", job=JobSnapshot(handler=handler, params=params,
+                                                       timeout_seconds=60))
+
+
+def _ignore(percent: float, message: str | None) -> None:
+    pass
+
+
+def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "ran.txt"
+
+    async def scenario() -> None:
+        runner = PoolRunner(REGISTRY, 1, [HANDLERS])
+        await runner.start()
+        try:
+            # Cancelled while it waits (its progress report says it does) ...
+            signal = CancelSignal()
+            outcome = await asyncio.wait_for(runner.run(
+                _due("test.wait-for-cancel", seconds=60),
+                lambda percent, message: signal.set("cancelled by a person"), signal), 10)
+            assert (outcome.status, outcome.result) == ("CANCELLED", {"cancelled": True})
+            # ... and before its process has even read the run (two pipes: either order).
+            early = CancelSignal()
+            early.set("cancelled at once")
+            outcome = await asyncio.wait_for(runner.run(
+                _due("test.wait-for-cancel", seconds=60), _ignore, early), 10)
+            assert (outcome.status, outcome.result) == ("CANCELLED", {"cancelled": True})
+            after = await runner.run(_due("test.write", path=str(path)), _ignore, CancelSignal())
+            assert (after.status, after.result) == ("COMPLETED", {"written": True})
+            assert runner.replaced == 0, "the handlers returned: their process was not killed"
+        finally:
+            await runner.close()
+
+    asyncio.run(scenario())
+    assert len(path.read_text().splitlines()) == 1
+
+
+def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([FORKSERVER_SIGNALS, HANDLERS])
+        child = Child(context, [HANDLERS], False)
+        try:
+            first = _due("test.write", path=str(tmp_path / "first.txt"))
+            assert (await child.run(first, _ignore, CancelSignal())).status == "COMPLETED"
+            child.cancels.send_bytes(str(first.execution_id).encode())  # too late for it
+            second = _due("test.wait-for-cancel", seconds=1)
+            outcome = await asyncio.wait_for(child.run(second, _ignore, CancelSignal()), 10)
+            assert (outcome.status, outcome.result) == ("COMPLETED", {"cancelled": False})
+        finally:
+            child.kill()
+
+    asyncio.run(scenario())
