@@ -1,5 +1,6 @@
 """Trace headers when nothing is recorded (no exporter): a new trace's headers are written
-directly, exactly as the configured W3C propagators would write them."""
+directly, and a lone traceparent read directly, exactly as the configured W3C propagators
+would write and read them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,67 @@ from cronstream.shared import telemetry
 
 
 def through_the_propagators(span: trace.Span) -> telemetry.Headers:
-    return telemetry.inject(trace.set_span_in_context(span))
+    headers: telemetry.Headers = []
+    propagate.inject(headers, context=trace.set_span_in_context(span), setter=telemetry.SETTER)
+    return headers
+
+
+def read_by_the_propagators(headers: telemetry.Headers) -> tuple[Any, ...]:
+    return what_is_carried(propagate.extract(headers, getter=telemetry.GETTER))
+
+
+def what_is_carried(ctx: otel_context.Context) -> tuple[Any, ...]:
+    ids = trace.get_current_span(ctx).get_span_context()
+    return (ids.trace_id, ids.span_id, ids.is_remote, ids.trace_flags, ids.trace_state,
+            dict(baggage.get_all(ctx)))
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+RECEIVED: list[telemetry.Headers] = [
+    [("traceparent", f"00-{TRACE}-{SPAN}-01".encode())],
+    [("traceparent", f"00-{TRACE}-{SPAN}-00".encode()), ("x-other", b"1")],
+    [("traceparent", f"00-{TRACE}-{SPAN}-ff".encode())],
+    [("traceparent", f"00-{TRACE.upper()}-{SPAN}-01".encode())],  # refused: upper case
+    [("traceparent", f"01-{TRACE}-{SPAN}-01-future".encode())],  # a later version
+    [("traceparent", f"ff-{TRACE}-{SPAN}-01".encode())],  # an invalid version
+    [("traceparent", f"00-{TRACE}-{SPAN}-01-extra".encode())],
+    [("traceparent", f" 00-{TRACE}-{SPAN}-01 ".encode())],  # padded
+    [("traceparent", f"00-{'0' * 32}-{SPAN}-01".encode())],
+    [("traceparent", f"00-{TRACE}-{'0' * 16}-01".encode())],
+    [("traceparent", f"00-{TRACE}-{SPAN}-01".encode()), ("tracestate", b"vendor=x")],
+    [("traceparent", f"00-{TRACE}-{SPAN}-01".encode()), ("baggage", b"tenant=blue")],
+    [("traceparent", f"00-{TRACE}-{SPAN}-01".encode()),
+     ("traceparent", f"00-{TRACE}-{SPAN[::-1]}-01".encode())],
+    [("traceparent", b""), ("traceparent", f"00-{TRACE}-{SPAN}-01".encode())],
+    [("traceparent", b"\xff" * 55)],
+    [("traceparent", b"garbage")],
+    [],
+]
+
+
+def test_received_headers_read_as_the_propagators_read_them() -> None:
+    for headers in RECEIVED:
+        assert what_is_carried(telemetry.extract(headers)) == read_by_the_propagators(headers), headers
+    configured = propagate.get_global_textmap()
+    try:  # another propagator configured: everything through the propagators
+        propagate.set_global_textmap(CompositePropagator([configured, Vendor()]))
+        for headers in RECEIVED:
+            assert what_is_carried(telemetry.extract(headers)) == read_by_the_propagators(headers)
+    finally:
+        propagate.set_global_textmap(configured)
+
+
+def test_what_is_read_is_written_back_unchanged() -> None:
+    for headers in RECEIVED:
+        ctx = telemetry.extract(headers)
+        written: telemetry.Headers = []
+        propagate.inject(written, context=ctx, setter=telemetry.SETTER)
+        assert telemetry.inject(ctx) == written, headers
+    lone = RECEIVED[0]
+    assert telemetry.inject(telemetry.extract(lone)) == lone
+    with telemetry.attached(lone), telemetry.handler_span("noop") as traceparent:
+        assert traceparent == lone[0][1].decode()
 
 
 def test_a_new_trace_s_headers_are_what_the_propagators_write() -> None:
