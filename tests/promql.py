@@ -27,9 +27,14 @@ _KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ig
              "group_left", "group_right", "inf", "nan", "e"}
 
 
-def promtool() -> str:
+def find_promtool() -> str | None:
+    """The promtool `make promtool` put in the virtualenv, else one on PATH."""
     found = ROOT / ".venv" / "bin" / "promtool"
-    path = str(found) if found.exists() else shutil.which("promtool")
+    return str(found) if found.exists() else shutil.which("promtool")
+
+
+def promtool() -> str:
+    path = find_promtool()
     assert path, "promtool is missing: `make promtool` fetches it"
     return path
 

@@ -4,7 +4,6 @@ logged; every /metrics valid and in agreement with PostgreSQL; probes that tell.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from cronstream.shared.settings import Settings
 from tests.conftest import CI, Processes
 from tests.otlp import Receiver
+from tests.promql import find_promtool
 from tests.support import eventually, produce_json, run_now, sql
 
 
@@ -88,14 +88,10 @@ def test_one_trace_per_execution_from_fire_to_projection_with_linked_retry_and_d
     assert finished and f"trace_id={first['trace_id']}" in finished[0]
 
 
-def _promtool() -> str | None:
-    return shutil.which("promtool")
-
-
 def test_every_service_serves_valid_metrics_that_agree_with_postgresql(
     processes: Processes, topics: Settings, tmp_path: Path,
 ) -> None:
-    promtool = _promtool()
+    promtool = find_promtool()
     if promtool is None:
         message = "promtool is needed (Debian package prometheus; `make test` installs it)"
         if CI:
