@@ -287,7 +287,7 @@ class WorkerService:
                 records.append(self.reporter.cancelled_before_start(run, *cancelled))
                 continue
             starts.append(run)
-            records.append(self.reporter.event(run, "RUNNING"))
+            records.append(self.reporter.running(run))
         records.extend(batch.dead)
         finished, self._finished = self._finished, []
         for done in finished:
