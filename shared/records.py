@@ -42,6 +42,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
@@ -435,6 +436,43 @@ class ExecutionEvent(Record):
         }
         values.update(fields)
         return cls(**values)
+
+
+def render_event(due: JobDue, status: ExecutionStatus, event_id: str, occurred_at: datetime, *,
+                 worker_id: str | None = None, started_at: datetime | None = None,
+                 completed_at: datetime | None = None, result: Any = None,
+                 progress: float | None = None, priority: str | None = None,
+                 queue: str | None = None, reason: str | None = None,
+                 idempotency_key: str | None = None, job: JobSnapshot | None = None,
+                 approved_by: str | None = None) -> bytes:
+    """ExecutionEvent.for_due(due, status, ...).to_json() for the fields given (the rest
+    null), without building the model: the events every execution goes through (QUEUED,
+    RUNNING, COMPLETED) cost more to validate than everything else on their way. Only for
+    values validated already — the JobDue's own, a service's settings, UTC times it took,
+    a result that passed the worker's check — never for anything read from outside."""
+    return b"".join((
+        b'{"schema_version":1,"event_id":"', event_id.encode(),
+        b'","execution_id":"', str(due.execution_id).encode(),
+        b'","job_id":', to_json(due.job_id),
+        b',"run_id":"', str(due.run_id).encode(),
+        b'","status":"', status.encode(),
+        b'","attempt_number":', b"%d" % due.attempt_number,
+        b',"scheduled_at":', to_json(due.scheduled_at),
+        b',"occurred_at":', to_json(occurred_at),
+        b',"delivery":', b"%d" % due.delivery,
+        b',"worker_id":', to_json(worker_id),
+        b',"started_at":', to_json(started_at),
+        b',"completed_at":', to_json(completed_at),
+        b',"error_message":null,"result":', to_json(result),
+        b',"progress":', to_json(progress),
+        b',"progress_message":null,"priority":', to_json(priority),
+        b',"queue":', to_json(queue),
+        b',"reason":', to_json(reason),
+        b',"idempotency_key":', to_json(idempotency_key),
+        b',"job":', to_json(job),
+        b',"approved_by":', to_json(approved_by),
+        b',"rejected_by":null,"cancelled_by":null}',
+    ))
 
 
 class Heartbeat(Record):

@@ -32,6 +32,7 @@ from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.health import Health
+from cronstream.shared.ids import fast_uuid4
 from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
@@ -47,7 +48,14 @@ from cronstream.shared.kafka import (
 )
 from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionAborted, TransactionalProducer
-from cronstream.shared.records import Command, ExecutionEvent, ExecutionStatus, JobDue, now_utc
+from cronstream.shared.records import (
+    Command,
+    ExecutionEvent,
+    ExecutionStatus,
+    JobDue,
+    now_utc,
+    render_event,
+)
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Hop, messaging, new_headers, recording
 
@@ -279,10 +287,13 @@ class DispatcherService:
 
     def _queue(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
         key = due.job_id.encode()
+        job = due.job
+        queued = render_event(due, "QUEUED", fast_uuid4(), now_utc(), priority=job.priority,
+                              queue=job.queue, reason=due.reason,
+                              idempotency_key=due.idempotency_key, job=job,
+                              approved_by=due.approved_by)
         return [
-            self._event(due, hop, "QUEUED", priority=due.job.priority, queue=due.job.queue,
-                        reason=due.reason, idempotency_key=due.idempotency_key, job=due.job,
-                        approved_by=due.approved_by),
+            OutRecord(self.topics.execution_events, key, queued, hop.headers),
             # The work record is the JobDue itself, byte for byte.
             OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(), hop.headers),
         ]

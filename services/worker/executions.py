@@ -4,8 +4,7 @@ Every lifecycle event a worker writes is built here (`ExecutionEvent.for_due` do
 common part), so RUNNING, PROGRESS, the terminal events, REQUEUED after a drain and the
 RetryRequest of a failure all agree on ids, delivery, worker and trace. The two events of
 every execution — RUNNING, and COMPLETED without an error — are rendered directly
-(`render_event`), byte for byte what the model would write: every value in them was
-validated already, and building the model costs more than the rest of a start.
+(`records.render_event`), byte for byte what the model would write.
 """
 
 from __future__ import annotations
@@ -16,15 +15,13 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
-
-from pydantic_core import to_json
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
+from cronstream.shared.ids import fast_uuid4
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue, now_utc
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue, now_utc, render_event
 from cronstream.shared.retry import attempts_left, next_attempt
 from cronstream.shared.telemetry import Hop, trace_id
 from cronstream.shared.topics import Topics
@@ -83,7 +80,7 @@ class Reporter:
 
     def running(self, run: Running) -> OutRecord:
         """The RUNNING event of a start (as `event(run, "RUNNING")` builds it)."""
-        value = render_event(run.due, "RUNNING", uuid4(), now_utc(), worker_id=self.worker_id,
+        value = render_event(run.due, "RUNNING", fast_uuid4(), now_utc(), worker_id=self.worker_id,
                              started_at=run.started_at)
         return OutRecord(self.topics.execution_events, run.due.job_id.encode(), value, run.headers)
 
@@ -115,7 +112,7 @@ class Reporter:
             job = run.due.job
             records.insert(0, OutRecord(
                 self.topics.execution_events, run.due.job_id.encode(),
-                render_event(run.due, status, uuid4(), now_utc(), worker_id=self.worker_id,
+                render_event(run.due, status, fast_uuid4(), now_utc(), worker_id=self.worker_id,
                              started_at=run.started_at, completed_at=done.completed_at,
                              result=outcome.result, progress=100.0, priority=job.priority,
                              queue=job.queue),
@@ -145,35 +142,6 @@ class Reporter:
             self.event(run, "REQUEUED", error_message=why, delivery=due.delivery),
             OutRecord(self.topics.job_due, due.job_id.encode(), due.to_json(), run.headers),
         ]
-
-
-def render_event(due: JobDue, status: ExecutionStatus, event_id: UUID, occurred_at: datetime, *,
-                 worker_id: str, started_at: datetime, completed_at: datetime | None = None,
-                 result: Any = None, progress: float | None = None, priority: str | None = None,
-                 queue: str | None = None) -> bytes:
-    """ExecutionEvent.for_due(due, status, ...).to_json() for the fields given (the others
-    null), without the model. Only for values validated already: the JobDue's, this
-    worker's id (its settings), UTC times it took, and a result that passed check_result."""
-    return b"".join((
-        b'{"schema_version":1,"event_id":"', str(event_id).encode(),
-        b'","execution_id":"', str(due.execution_id).encode(),
-        b'","job_id":', to_json(due.job_id),
-        b',"run_id":"', str(due.run_id).encode(),
-        b'","status":"', status.encode(),
-        b'","attempt_number":', b"%d" % due.attempt_number,
-        b',"scheduled_at":', to_json(due.scheduled_at),
-        b',"occurred_at":', to_json(occurred_at),
-        b',"delivery":', b"%d" % due.delivery,
-        b',"worker_id":', to_json(worker_id),
-        b',"started_at":', to_json(started_at),
-        b',"completed_at":', to_json(completed_at),
-        b',"error_message":null,"result":', to_json(result),
-        b',"progress":', to_json(progress),
-        b',"progress_message":null,"priority":', to_json(priority),
-        b',"queue":', to_json(queue),
-        b',"reason":null,"idempotency_key":null,"job":null,"approved_by":null,'
-        b'"rejected_by":null,"cancelled_by":null}',
-    ))
 
 
 def count_started(run: Running) -> None:

@@ -1,0 +1,102 @@
+"""The events every execution goes through — the dispatcher's QUEUED, the worker's RUNNING
+and COMPLETED — rendered without the model, are byte for byte what the model writes, for
+any job id, time, attempt, delivery, queue, snapshot and result."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from cronstream.services.worker.runner import check_result
+from cronstream.shared.ids import fast_uuid4
+from cronstream.shared.records import ExecutionEvent, JobDue, render_event
+
+RESULTS: list[Any] = [
+    None, True, 0, -7, 2**70, 0.1, 1e-7, 1.5e300, "", "plain", 'quote " back \\ slash',
+    "tab\tnew\nline \x00 \u2028 é ✓ 𝄞", [1, "two", None, [3.25]], {"nested": {"k": [1, 2]}},
+    {"é": "ü", "": 0}, {"tuple": (1, 2)}, {"bool": False, "float": -0.0},
+]
+
+
+def _due(rng: random.Random) -> JobDue:
+    offset = timezone(timedelta(hours=rng.choice([0, 2, -5])))
+    scheduled = datetime(2026, rng.randint(1, 12), rng.randint(1, 28), rng.randint(0, 23),
+                         rng.randint(0, 59), rng.randint(0, 59),
+                         rng.choice([0, 1000, 123456]), tzinfo=offset)
+    raw = {
+        "execution_id": str(uuid.uuid4()), "job_id": rng.choice(["job", "a.b-c_d", "X" * 128]),
+        "run_id": str(uuid.uuid4()), "scheduled_at": scheduled.isoformat(),
+        "reason": rng.choice(["SCHEDULE", "RETRY", "MANUAL", "REQUEUE"]),
+        "attempt_number": rng.randint(1, 1000), "delivery": rng.randint(1, 1_000_000),
+        "idempotency_key": rng.choice(["k", 'quoted "key" é']),
+        "approved_by": rng.choice([None, "alice", "policy \\ ✓"]),
+        "job": {"handler": "noop", "queue": rng.choice(["default", "q-1_x"]),
+                "priority": rng.choice(["high", "normal", "low"]),
+                "params": rng.choice([{}, {"i": 1, "é": [1.5, None, "x\ny"]}]),
+                "timeout_seconds": rng.choice([3600, 0.25]), "max_retries": rng.randint(0, 100)},
+    }
+    if rng.random() < 0.2:
+        raw["job"]["from_a_newer_version"] = {"kept": True}  # extra fields travel on
+    return JobDue.model_validate_json(json.dumps(raw))
+
+
+def test_running_and_completed_events_render_as_the_model_writes_them() -> None:
+    rng = random.Random(16)
+    for i in range(300):
+        due = _due(rng)
+        event_id = str(uuid.uuid4())
+        occurred = datetime.now(UTC) + timedelta(microseconds=rng.choice([0, 1, 999_999]) * i)
+        started = occurred.replace(microsecond=0) if i % 3 == 0 else occurred
+        worker = rng.choice(["w1", "host.example:8080@pod-7"])
+        running = render_event(due, "RUNNING", event_id, occurred, worker_id=worker,
+                               started_at=started)
+        assert running == ExecutionEvent.for_due(
+            due, "RUNNING", event_id=uuid.UUID(event_id), occurred_at=occurred, worker_id=worker,
+            started_at=started).to_json()
+        result = RESULTS[i % len(RESULTS)]
+        assert check_result(result).status == "COMPLETED"
+        completed_at = started + timedelta(milliseconds=i)
+        completed = render_event(due, "COMPLETED", event_id, occurred, worker_id=worker,
+                                 started_at=started, completed_at=completed_at, result=result,
+                                 progress=100.0, priority=due.job.priority, queue=due.job.queue)
+        model = ExecutionEvent.for_due(
+            due, "COMPLETED", event_id=uuid.UUID(event_id), occurred_at=occurred, worker_id=worker,
+            started_at=started, completed_at=completed_at, result=result, progress=100.0,
+            priority=due.job.priority, queue=due.job.queue)
+        assert completed == model.to_json(), result
+        assert ExecutionEvent.model_validate_json(completed) == ExecutionEvent.model_validate_json(
+            model.to_json())
+
+
+def test_queued_events_render_as_the_model_writes_them() -> None:
+    rng = random.Random(9)
+    for _ in range(300):
+        due = _due(rng)
+        event_id, occurred = str(uuid.uuid4()), datetime.now(UTC)
+        job = due.job
+        rendered = render_event(due, "QUEUED", event_id, occurred, priority=job.priority,
+                                queue=job.queue, reason=due.reason,
+                                idempotency_key=due.idempotency_key, job=job,
+                                approved_by=due.approved_by)
+        assert rendered == ExecutionEvent.for_due(
+            due, "QUEUED", event_id=uuid.UUID(event_id), occurred_at=occurred, priority=job.priority,
+            queue=job.queue, reason=due.reason, idempotency_key=due.idempotency_key, job=job,
+            approved_by=due.approved_by).to_json()
+
+
+def test_a_result_json_cannot_hold_is_refused_before_it_is_rendered() -> None:
+    assert check_result({"when": datetime.now(UTC)}).status == "FAILED"
+    assert check_result("x" * 70_000).status == "FAILED"
+    assert check_result(math.pi).status == "COMPLETED"
+
+
+def test_fast_event_ids_are_random_version_4_uuids() -> None:
+    ids = {fast_uuid4() for _ in range(1000)}
+    assert len(ids) == 1000
+    for value in ids:
+        parsed = uuid.UUID(value)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, value)
