@@ -11,8 +11,8 @@ Every job is FIRE_ALL: fires found late after an outage are all fired, so the wi
 fires are exactly its grid points, whatever the fault did to the scheduler.
 
 Sizing (2 shared cores, everything on one machine): 14 + 3 + 1 = 18 fires/s by default,
-about 10 executions in the pool at any time over two workers of 16 slots, so that a
-surviving worker can take a dead one's share without queueing. Override with
+about 10 executions in the pool at any time over two workers of 32 slots, so that a
+surviving worker can take a dead one's share without queueing (harness.WORKER_CONCURRENCY). Override with
 CRONSTREAM_CHAOS_NOOP_JOBS / _SLEEP_JOBS / _LONG_JOBS.
 """
 
