@@ -332,13 +332,29 @@ class PoolRunner:
         self._idle: asyncio.LifoQueue[Child] = asyncio.LifoQueue()
         self._children: list[Child] = []
         self._closing = False
+        self._starting: asyncio.Future[None] | None = None
         self.replaced = 0
 
     async def start(self) -> None:
+        """Start the processes, without waiting for them: each joins the idle ones when it
+        is up, and a run waits for the first free one. A restarted worker joins its group
+        while its pool starts (seconds, for dozens of processes on two cores) instead of
+        after."""
         loop = asyncio.get_running_loop()
-        children = await asyncio.gather(*(loop.run_in_executor(None, self._spawn)
-                                          for _ in range(self.size)))
-        for child in children:
+        spawning = [loop.run_in_executor(None, self._spawn) for _ in range(self.size)]
+        self._starting = asyncio.ensure_future(self._enlist(spawning))
+
+    async def _enlist(self, spawning: list[asyncio.Future[Child]]) -> None:
+        for spawned in asyncio.as_completed(spawning):
+            try:
+                child = await spawned
+            except Exception:
+                logger.exception("a handler process did not start",
+                                 extra={"action": "handler_pool_failed"})
+                raise  # runs that find no process left fail with it (`run`)
+            if self._closing:
+                child.kill()
+                continue
             self._children.append(child)
             self._idle.put_nowait(child)
         log(logger, "handler_pool_started", processes=self.size)
@@ -348,6 +364,9 @@ class PoolRunner:
 
     async def close(self) -> None:
         self._closing = True
+        if self._starting is not None:
+            with contextlib.suppress(Exception):
+                await self._starting  # the processes still starting are killed as they come
         for child in self._children:
             child.kill()
         self._children.clear()
@@ -360,6 +379,9 @@ class PoolRunner:
         if spec.inline:
             with telemetry.attached(trace or []):
                 return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
+        starting = self._starting
+        if self._idle.empty() and starting is not None and starting.done() and starting.exception():
+            raise RuntimeError(f"the handler pool did not start: {starting.exception()}")
         child = await self._idle.get()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
