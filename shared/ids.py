@@ -27,17 +27,18 @@ _NAMESPACE_BYTES = NAMESPACE.bytes
 def fast_uuid5(name: str) -> str:
     """str(uuid5(NAMESPACE, name)) without building UUID objects (the scheduler's hot
     path computes two per fire)."""
-    digest = bytearray(sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return _uuid_text(sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16], 5)
 
 
 def fast_uuid4() -> str:
     """str(uuid4()) without building a UUID object (an event id on the hot path)."""
-    digest = bytearray(os.urandom(16))
-    digest[6] = (digest[6] & 0x0F) | 0x40
+    return _uuid_text(os.urandom(16), 4)
+
+
+def _uuid_text(raw: bytes, version: int) -> str:
+    """str(UUID(bytes=raw, version=version)), from 16 bytes."""
+    digest = bytearray(raw)
+    digest[6] = (digest[6] & 0x0F) | (version << 4)
     digest[8] = (digest[8] & 0x3F) | 0x80
     h = digest.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -75,14 +75,15 @@ class Reporter:
     def event(self, run: Running, status: ExecutionStatus, **fields: Any) -> OutRecord:
         fields.setdefault("started_at", run.started_at)
         event = ExecutionEvent.for_due(run.due, status, worker_id=self.worker_id, **fields)
-        return OutRecord(self.topics.execution_events, run.due.job_id.encode(), event.to_json(),
-                         run.headers)
+        return self._record(run, event.to_json())
 
     def running(self, run: Running) -> OutRecord:
         """The RUNNING event of a start (as `event(run, "RUNNING")` builds it)."""
-        value = render_event(run.due, "RUNNING", fast_uuid4(), now_utc(), worker_id=self.worker_id,
-                             started_at=run.started_at)
-        return OutRecord(self.topics.execution_events, run.due.job_id.encode(), value, run.headers)
+        return self._record(run, render_event(run.due, "RUNNING", fast_uuid4(), now_utc(),
+                                              worker_id=self.worker_id, started_at=run.started_at))
+
+    def _record(self, run: Running, event: bytes) -> OutRecord:
+        return OutRecord(self.topics.execution_events, run.due.job_id.encode(), event, run.headers)
 
     def cancelled_before_start(self, run: Running, reason: str, by: str | None) -> OutRecord:
         due = run.due
@@ -110,13 +111,10 @@ class Reporter:
         done.status = status
         if status == "COMPLETED" and error is None:
             job = run.due.job
-            records.insert(0, OutRecord(
-                self.topics.execution_events, run.due.job_id.encode(),
-                render_event(run.due, status, fast_uuid4(), now_utc(), worker_id=self.worker_id,
-                             started_at=run.started_at, completed_at=done.completed_at,
-                             result=outcome.result, progress=100.0, priority=job.priority,
-                             queue=job.queue),
-                run.headers))
+            records.insert(0, self._record(run, render_event(
+                run.due, status, fast_uuid4(), now_utc(), worker_id=self.worker_id,
+                started_at=run.started_at, completed_at=done.completed_at, result=outcome.result,
+                progress=100.0, priority=job.priority, queue=job.queue)))
         else:
             records.insert(0, self.event(
                 run, status, completed_at=done.completed_at, error_message=error,
