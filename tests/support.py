@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -214,6 +214,28 @@ def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Mess
         return records
     finally:
         consumer.close()
+
+
+@contextlib.contextmanager
+def holding_the_workers_group(settings: Settings) -> Iterator[None]:
+    """A member of the workers' group that owns every partition of the default queue and
+    never answers the rebalance another member's join starts (it stops polling): until it
+    leaves (on exit), no worker gets an assignment."""
+    holder = Consumer({
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        "group.id": f"{settings.topics.prefix}workers", "enable.auto.commit": False,
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": 60_000, "max.poll.interval.ms": 120_000,
+    })
+    try:
+        assigned: list[TopicPartition] = []
+        holder.subscribe(settings.topics.work_topics(["default"]),
+                         on_assign=lambda _c, parts: assigned.extend(parts))
+        eventually(lambda: holder.poll(0.2) is None and bool(assigned), 30,
+                   message="the holder owns the partitions")
+        yield
+    finally:
+        holder.close()  # leaves the group: the rebalance completes without it
 
 
 def header(msg: Message, name: str) -> str | None:

@@ -134,6 +134,10 @@ class WorkerService:
         self._fill_until = 0.0
         self._last_turn = 0.0
         self._assignments = 0  # bumped by every rebalance callback
+        # Since when the worker has waited for an assignment (subscribed or revoked, no
+        # assignment since); None while it holds one (even an empty one).
+        self._waiting_since: float | None = None
+        self._consumer_conf: dict[str, Any] = {}
         self._wake = asyncio.Event()
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
@@ -160,7 +164,7 @@ class WorkerService:
         self._heartbeats = Heartbeats(beats, self.topics, self.worker_id, capacity=self.capacity,
                                       queues=self.queues,
                                       running=self.listed)
-        conf = consumer_config(
+        conf = self._consumer_conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
             # (cooperative-sticky balances the total count and can leave a worker with only
@@ -171,7 +175,7 @@ class WorkerService:
         )
         commands = ConsumerThread(reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
                                   "commands")
-        consumer = self._consumer = ConsumerThread(conf, "worker")
+        self._consumer = ConsumerThread(conf, "worker")
         beating = asyncio.Event()  # set when the heartbeats may stop (after the drain)
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -188,9 +192,7 @@ class WorkerService:
                                           self.settings.heartbeat_interval_seconds, beating),
                     self.health, stopping)),
             ]
-            await consumer.call(lambda: consumer.consumer.subscribe(
-                self.topics.work_topics(self.queues), on_assign=self._on_assign,
-                on_revoke=self._on_revoke, on_lost=self._on_revoke))
+            await self._subscribe()
             log(logger, "worker_started", worker_id=self.worker_id, queues=",".join(self.queues),
                 capacity=self.capacity)
             await self._poll_loop(stopping)
@@ -210,9 +212,39 @@ class WorkerService:
                     await task
             await commands.close()
             await self._heartbeats.last("OFFLINE")
-            await consumer.close()
+            await self._consumer.close()
             await self.runner.close()
             await self._producer.close()
+
+    async def _subscribe(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer.consumer
+        self._waiting_since = time.monotonic()
+        await self._consumer.call(lambda: consumer.subscribe(
+            self.topics.work_topics(self.queues), on_assign=self._on_assign,
+            on_revoke=self._on_revoke, on_lost=self._on_revoke))
+
+    async def _rejoin(self) -> None:
+        """Start over in the group with a fresh consumer (same static member id).
+
+        A rebalance takes seconds (members rejoin within a poll; a dead one is dropped after
+        the session timeout). After a broker restart, a consumer can be left waiting for an
+        assignment that never comes, with nothing logged (static members: confluent-kafka-go
+        #494); a fresh consumer joining under the same group.instance.id takes the member's
+        place. Nothing is lost: with no assignment nothing is buffered or uncommitted, and
+        running executions are reported by the transactions of the turns that follow.
+        """
+        assert self._consumer is not None and self._waiting_since is not None
+        log(logger, "worker_rejoining", logging.WARNING, worker_id=self.worker_id,
+            waited_seconds=round(time.monotonic() - self._waiting_since, 1),
+            reason="no assignment since the last rebalance began")
+        old, self._consumer = self._consumer, None
+        await old.close()  # a static member does not leave the group on close
+        for q in self._buffer.values():
+            q.clear()
+        self._assignments += 1
+        self._consumer = ConsumerThread(self._consumer_conf, "worker")
+        await self._subscribe()
 
     def listed(self) -> list[UUID]:
         """The executions this worker's heartbeats list as its own: those running, and
@@ -236,6 +268,10 @@ class WorkerService:
             since = time.monotonic() - self._last_turn
             timeout = max(0.0, TURN_GAP_SECONDS - since) if self._finished else (0.02 if busy else 0.1)
             messages = await self._consumer.consume(max(1, room), timeout)
+            waiting = self._waiting_since
+            if waiting is not None and time.monotonic() - waiting > self.settings.worker_rejoin_after_seconds:
+                await self._rejoin()
+                continue
             for msg in self.inbound.batch(messages).records:
                 self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
             await self._turn(starting=True)
@@ -478,6 +514,7 @@ class WorkerService:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         self._assignments += 1
+        self._waiting_since = None
         self.health.set("assignment", True)
         if partitions:
             # Explicitly, both ways: librdkafka keeps a partition's pause through its
@@ -493,6 +530,7 @@ class WorkerService:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log(logger, "partitions_revoked", count=len(partitions))
         self._assignments += 1
+        self._waiting_since = time.monotonic()
         self.health.set("assignment", False, "rebalancing")
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._loop is not None:

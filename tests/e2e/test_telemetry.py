@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from cronstream.shared.settings import Settings
 from tests.conftest import CI, Processes
 from tests.otlp import Receiver
 from tests.promql import find_promtool
-from tests.support import eventually, produce_json, run_now, sql
+from tests.support import eventually, holding_the_workers_group, produce_json, run_now, sql
 
 
 @pytest.fixture
@@ -145,28 +144,12 @@ def test_every_service_serves_valid_metrics_that_agree_with_postgresql(
 def test_readiness_follows_assignment_and_outages_leave_a_service_alive(
     processes: Processes, topics: Settings,
 ) -> None:
-    # Another member of the workers' group holds every partition and does not give them up
-    # (it stops polling, so it never answers the rebalance the worker's join starts): the
-    # worker is subscribed and, until that member leaves, has nothing assigned.
-    holder = Consumer({
-        "bootstrap.servers": topics.kafka_bootstrap_servers,
-        "group.id": f"{topics.topics.prefix}workers", "enable.auto.commit": False,
-        "partition.assignment.strategy": "range",
-        "session.timeout.ms": 60_000, "max.poll.interval.ms": 120_000,
-    })
-    try:
-        assigned: list[TopicPartition] = []
-        holder.subscribe(topics.topics.work_topics(["default"]),
-                         on_assign=lambda _c, parts: assigned.extend(parts))
-        eventually(lambda: holder.poll(0.2) is None and bool(assigned), 30,
-                   message="the holder owns the partitions")
+    with holding_the_workers_group(topics):  # subscribed, and nothing assigned
         worker = processes.worker("w1", wait=False)
         worker.wait_for_log("action=worker_started")
         status, body = worker.get("/readyz")
         assert status == 503, f"not ready while its partitions are not assigned: {body}"
         assert worker.get("/healthz")[0] == 200, "alive while it waits"
-    finally:
-        holder.close()  # leaves the group: the rebalance completes without it
     worker.wait_for_log("action=partitions_assigned")
     eventually(lambda: worker.get("/readyz")[0] == 200, 20, message="ready once assigned")
     assert worker.get("/healthz")[0] == 200

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import cli, eventually, run_now, sql
+from tests.support import cli, eventually, holding_the_workers_group, run_now, sql
 
 
 def execution(settings: Settings, job_id: str, status: str | None = None) -> Any:
@@ -202,3 +202,22 @@ def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_bac
         topics.database_url, "SELECT worker_id, count(*) AS n FROM job_executions "
         "WHERE job_id LIKE 'backlog-%' GROUP BY worker_id")}
     assert by_worker.get("w1", 0) > 0 and by_worker.get("w2", 0) > 0, by_worker
+
+
+def test_a_worker_left_without_an_assignment_rejoins_with_a_fresh_consumer_and_runs(
+    processes: Processes, topics: Settings,
+) -> None:
+    """A worker whose join does not come back within CRONSTREAM_WORKER_REJOIN_AFTER_SECONDS
+    (after a broker restart a consumer can wait for good, nothing logged) starts over with a
+    fresh consumer under its member id, and runs what comes once the group lets it in."""
+    processes.system(workers=0)
+    with holding_the_workers_group(topics):
+        worker = processes.worker("w1", wait=False,
+                                  extra_env={"CRONSTREAM_WORKER_REJOIN_AFTER_SECONDS": "2"})
+        worker.wait_for_log("action=worker_rejoining", count=2, timeout=30)
+        assert worker.alive() and worker.get("/readyz")[0] == 503
+    worker.wait_for_log("action=partitions_assigned", timeout=30)
+    run_now(topics, "after-rejoin", "noop")
+    eventually(lambda: execution(topics, "after-rejoin", "COMPLETED"), 30,
+               message="the rejoined worker runs and commits (its new consumer's group metadata)")
+    assert events(topics, "after-rejoin")[-2:] == ["RUNNING", "COMPLETED"]
