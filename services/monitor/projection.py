@@ -147,28 +147,23 @@ _PATCH_COLUMNS = (
 )
 
 
-def patch_arrays(patches: list[ExecutionPatch]) -> list[list[Any]]:
-    """Column arrays for `upsert_executions` (one array per column, same order)."""
-    return [[getattr(p, c) for p in patches] for c in _PATCH_COLUMNS]
+def patch_rows(patches: list[ExecutionPatch]) -> list[tuple[Any, ...]]:
+    """Rows of `staged_executions` (queries.sql `create_staging`), in its column order."""
+    return [tuple([getattr(p, c) for c in _PATCH_COLUMNS]) for p in patches]
 
 
-def event_arrays(rows: list[tuple[ExecutionEvent, int, int]], traces: dict[UUID, str] | None = None
-                 ) -> list[list[Any]]:
-    """Column arrays for `insert_events` from (event, partition, offset)."""
-    columns: list[list[Any]] = [[] for _ in range(19)]
+def event_rows(rows: list[tuple[ExecutionEvent, int, int]], traces: dict[UUID, str] | None = None
+               ) -> list[tuple[Any, ...]]:
+    """Rows of `staged_events` (queries.sql `create_staging`) from (event, partition, offset)."""
     traces = traces or {}
-    for event, partition, offset in rows:
-        values = (
-            event.event_id, event.execution_id, event.job_id, event.run_id, event.status,
-            event.attempt_number, event.delivery, event.scheduled_at, event.occurred_at,
-            event.worker_id, event.started_at, event.completed_at, event.error_message,
-            None if event.result is None else json.dumps(event.result, separators=(",", ":")),
-            event.progress, event.progress_message, partition, offset,
-            trace_id(traces.get(event.event_id)),
-        )
-        for column, value in zip(columns, values, strict=True):
-            column.append(value)
-    return columns
+    return [(
+        event.event_id, event.execution_id, event.job_id, event.run_id, event.status,
+        event.attempt_number, event.delivery, event.scheduled_at, event.occurred_at,
+        event.worker_id, event.started_at, event.completed_at, event.error_message,
+        None if event.result is None else json.dumps(event.result, separators=(",", ":")),
+        event.progress, event.progress_message, partition, offset,
+        trace_id(traces.get(event.event_id)),
+    ) for event, partition, offset in rows]
 
 
 def heartbeat_arrays(beats: list[Heartbeat]) -> list[list[Any]]:

@@ -39,7 +39,7 @@ from cronstream.services.monitor.decoding import Decoder, MonitorBatch
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
-from cronstream.services.monitor.store import Fresh, ProjectionStore
+from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
 from cronstream.shared.db import query
 from cronstream.shared.health import Health
@@ -399,7 +399,9 @@ class MonitorService:
     async def _connection_made(self, conn: asyncpg.Connection) -> None:
         """Every new connection checks when the server started: a restart noticed before
         anything is written on it (the server came back between two batches, no write
-        failed) still resyncs the projection."""
+        failed) still resyncs the projection. And it gets the staging tables each batch is
+        copied into."""
+        await create_staging(conn)
         started = await conn.fetchval(query("postmaster_started"))
         if self._postmaster_started is not None and started != self._postmaster_started:
             log(logger, "database_restarted", logging.WARNING)

@@ -29,10 +29,10 @@ from cronstream.services.monitor.decoding import MonitorBatch
 from cronstream.services.monitor.projection import (
     ExecutionPatch,
     alert_arrays,
-    event_arrays,
+    event_rows,
     fold,
     heartbeat_arrays,
-    patch_arrays,
+    patch_rows,
 )
 from cronstream.shared.db import query
 from cronstream.shared.logs import log
@@ -72,6 +72,26 @@ def clean(value: Any) -> Any:
 
 def cleaned(columns: list[list[Any]]) -> list[list[Any]]:
     return [[clean(v) for v in column] for column in columns]
+
+
+async def create_staging(conn: asyncpg.Connection) -> None:
+    """The connection's staging tables (once per connection, before its first batch)."""
+    await conn.execute(query("create_staging"))
+
+
+async def stage(conn: Any, table: str, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
+    """COPY `rows` into the staging `table`, in the open transaction (they are gone at
+    its end: ON COMMIT DELETE ROWS)."""
+    if sanitize:
+        rows = [tuple([clean(v) for v in row]) for row in rows]
+    await conn.copy_records_to_table(table, records=rows)
+
+
+async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: bool = False) -> None:
+    """Apply the patches to `job_executions` through the transition guard, in the open
+    transaction."""
+    await stage(conn, "staged_executions", patch_rows(patches), sanitize)
+    await conn.execute(query("upsert_executions"))
 
 
 class ProjectionStore:
@@ -132,10 +152,11 @@ class ProjectionStore:
         tidy = cleaned if sanitize else (lambda columns: columns)
         patches: list[ExecutionPatch] = []
         if fresh.events:
-            await conn.execute(query("insert_events"), *tidy(event_arrays(fresh.events, fresh.traces)))
+            await stage(conn, "staged_events", event_rows(fresh.events, fresh.traces), sanitize)
+            await conn.execute(query("insert_events"))
             patches = sorted(fold([e for e, _, _ in fresh.events], fresh.traces).values(),
                              key=lambda p: p.execution_id)
-            await conn.execute(query("upsert_executions"), *tidy(patch_arrays(patches)))
+            await upsert_patches(conn, patches, sanitize)
         if fresh.beats:
             await conn.execute(query("upsert_workers"), *tidy(heartbeat_arrays(fresh.beats)))
         if fresh.alerts:

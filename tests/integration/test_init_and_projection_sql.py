@@ -9,8 +9,9 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from cronstream.services.monitor.projection import fold, patch_arrays
-from cronstream.shared.db import apply_migrations, connect, migrations, query
+from cronstream.services.monitor.projection import fold
+from cronstream.services.monitor.store import create_staging, upsert_patches
+from cronstream.shared.db import apply_migrations, connect, migrations
 from cronstream.shared.kafka import ensure_topics
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
@@ -59,7 +60,9 @@ def upsert(url: str, events: list[ExecutionEvent]) -> None:
     async def run() -> None:
         conn = await connect(url)
         try:
-            await conn.execute(query("upsert_executions"), *patch_arrays(list(fold(events).values())))
+            await create_staging(conn)
+            async with conn.transaction():
+                await upsert_patches(conn, list(fold(events).values()))
         finally:
             await conn.close()
 
