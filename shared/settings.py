@@ -68,7 +68,7 @@ class Settings(BaseModel):
     worker_drain_grace_seconds: Annotated[float, Field(ge=0)] = 30
     # A worker whose group join has not come back for this long starts over with a fresh
     # consumer (services/worker/service.py: _rejoin). Rebalances take seconds.
-    worker_rejoin_after_seconds: Annotated[float, Field(gt=0)] = 20
+    worker_rejoin_after_seconds: Annotated[float, Field(gt=0)] = 30
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
     # A stable name for this instance (scheduler, dispatcher, monitor, analytics): its
     # transactional.id and client ids derive from it, so a restarted instance fences and
