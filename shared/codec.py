@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from cronstream.shared.records import MAX_DEFINITION_BYTES, SCHEMA_VERSION, Record
 
@@ -90,21 +90,3 @@ def decode_key(key: bytes | None) -> str:
     except UnicodeDecodeError:
         raise DecodeError("key is not UTF-8") from None
 
-
-_LIST_ADAPTERS: dict[type, TypeAdapter[list[Record]]] = {}
-
-
-def decode_many(model: type[T], values: list[bytes]) -> list[T] | None:
-    """Validate many records in one pass (one pydantic call instead of one per record), or
-    None when any of them is invalid — the caller then decodes one by one to find it."""
-    if not values or any(v is None or len(v) > MAX_RECORD_BYTES for v in values):
-        return None
-    adapter = _LIST_ADAPTERS.get(model)
-    if adapter is None:
-        adapter = _LIST_ADAPTERS[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
-    try:
-        return adapter.validate_json(  # type: ignore[return-value]
-            b"[" + b",".join(values) + b"]",
-            context={"raw_size": max(len(v) for v in values)})  # each record's own size
-    except Exception:  # the slow path names the bad record
-        return None

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from confluent_kafka import Message
 
-from cronstream.shared.codec import DecodeError, decode, decode_key, decode_many
+from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
@@ -59,12 +59,11 @@ class Decoder:
     def decode(self, messages: list[Message]) -> MonitorBatch:
         batch = MonitorBatch()
         consumed = self.inbound.batch(messages)
-        fast = self._events_at_once(consumed.records, batch)
         t = self.topics
+        # Each record on its own: a batch validated as one JSON list would take two events
+        # in one record, or two records that form an event only when joined, for valid ones.
         for msg in consumed.records:
             topic, partition, offset = position(msg)
-            if fast and topic == t.execution_events:
-                continue
             batch.seen(topic, partition, offset)
             try:
                 if topic == t.execution_events:
@@ -92,20 +91,6 @@ class Decoder:
                     consumed.reject(msg, str(exc))
                     batch.dead.append((consumed.dead[-1], topic, partition, offset))
         return batch
-
-    def _events_at_once(self, records: list[Message], batch: MonitorBatch) -> bool:
-        """Validate every execution event of the batch in one pydantic pass; False (and
-        nothing recorded) when one of them is bad, so the slow path can name it."""
-        mine = [m for m in records if m.topic() == self.topics.execution_events]
-        decoded = decode_many(ExecutionEvent, [m.value() or b"" for m in mine])
-        if decoded is None or any(m.key() != e.job_id.encode() for m, e in zip(mine, decoded, strict=True)):
-            return False
-        for msg, event in zip(mine, decoded, strict=True):
-            topic, partition, offset = position(msg)
-            batch.seen(topic, partition, offset)
-            batch.events.append((event, partition, offset))
-            self._trace(batch, event, msg)
-        return True
 
     @staticmethod
     def _trace(batch: MonitorBatch, event: ExecutionEvent, msg: Message) -> None:

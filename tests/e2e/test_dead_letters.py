@@ -61,3 +61,38 @@ def test_garbage_on_every_topic_is_dead_lettered_and_nothing_stops(
                timeout=30, message="a valid job completes after the garbage")
     # Exactly once: each bad record was dead-lettered once, not once per batch or restart.
     assert sum(len(v) for v in dead_letters().values()) == 2 * len(consumed)
+
+
+def test_execution_events_that_only_decode_side_by_side_are_dead_lettered(
+    processes: Processes, topics: Settings,
+) -> None:
+    """Each record is validated on its own: two events in one record, and two records that
+    are valid events only when joined, are dead-lettered (not projected, not the monitor
+    stopped); a valid event after them is projected."""
+    t = topics.topics
+
+    def event(job_id: str) -> dict[str, object]:
+        return {"event_id": str(uuid.uuid4()), "execution_id": str(uuid.uuid4()), "job_id": job_id,
+                "run_id": str(uuid.uuid4()), "status": "QUEUED", "attempt_number": 1,
+                "scheduled_at": "2026-03-01T12:00:00Z", "occurred_at": "2026-03-01T12:00:01Z"}
+
+    first, second, third = event("side"), event("side"), event("side")
+    two_in_one = json.dumps(first).encode() + b"," + json.dumps(second).encode()
+    # Joined with a comma, these two are one event with an extra field ("pad": [{}, {}]).
+    head = json.dumps(third).encode()[:-1] + b',"pad":[{}'
+    tail = b"{}]}"
+    monitor = processes.start("monitor")
+    monitor.wait_for_log("action=partitions_assigned")
+    for value in (two_in_one, head, tail):  # one key: one partition, in this order
+        produce(topics, t.execution_events, b"side", value)
+    eventually(lambda: len([m for m in read_all(topics, t.dead_letters)
+                            if header(m, DLQ_TOPIC) == t.execution_events]) == 3,
+               timeout=60, message="the three records dead-lettered")
+    valid = event("after")
+    produce_json(topics, t.execution_events, "after", valid)
+    eventually(lambda: sql(topics.database_url, "SELECT 1 FROM execution_events WHERE event_id = $1",
+                           uuid.UUID(str(valid["event_id"]))), timeout=30,
+               message="a valid event after them is projected")
+    assert monitor.alive()
+    projected = sql(topics.database_url, "SELECT event_id FROM execution_events WHERE job_id = 'side'")
+    assert projected == [], "nothing of the records that do not decode alone"
