@@ -17,12 +17,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from cronstream.infra import Infra
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import delete_topics, ensure_topics
+from cronstream.shared.kafka import delete_topics, ensure_topics, reader_config
 from cronstream.shared.settings import Settings
-from tests.support import ServiceProcess
+from tests.support import ServiceProcess, sql
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -139,6 +140,51 @@ def server_pids(settings: Settings) -> dict[str, list[int]]:
             if not parent.startswith("postgres"):
                 postgres.append(proc.info["pid"])
     return {"kafka": kafka, "postgres": postgres}
+
+
+def log_ends(settings: Settings, topic: str, tail: int = 2000) -> dict[int, int]:
+    """The offset after the last record (not transaction marker) of each partition of
+    `topic`, as a read_committed consumer sees it now: what a projection that has read
+    everything stores as its next offset. (The high watermark lies past the markers.)"""
+    consumer = Consumer({**reader_config(settings, "bench-log-ends"), "enable.partition.eof": True})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends: dict[int, int] = {}
+        starts = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            ends[p] = low  # nothing read yet: as far as an empty partition goes
+            starts.append(TopicPartition(topic, p, max(low, high - tail)))
+        consumer.assign(starts)
+        pending = set(partitions)
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.5):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition() or 0)
+                elif err is None:
+                    ends[msg.partition() or 0] = (msg.offset() or 0) + 1
+        if pending:
+            raise RuntimeError(f"{topic}: no end of partitions {sorted(pending)} within 30 s")
+        return ends
+    finally:
+        consumer.close()
+
+
+def projected_through(settings: Settings, topic: str) -> dict[int, int]:
+    """The monitor's stored next offset of each partition of `topic` (PostgreSQL)."""
+    rows = sql(settings.database_url, "SELECT partition, next_offset FROM consumer_offsets "
+                                      "WHERE topic = $1", topic)
+    return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+
+def projection_behind(settings: Settings) -> int:
+    """How many records of `execution-events` the projection has not stored yet (0: it
+    holds everything the log holds now)."""
+    topic = settings.topics.execution_events
+    done = projected_through(settings, topic)
+    return sum(max(0, end - done.get(p, 0)) for p, end in log_ends(settings, topic).items())
 
 
 def write_result(name: str, figures: dict[str, Any]) -> Path:
