@@ -117,6 +117,10 @@ DISPATCH_BATCH = Histogram(
 WORKER_SLOTS = Gauge("cronstream_worker_slots", "Executions this worker can run at once.", registry=None)
 WORKER_SLOTS_BUSY = Gauge("cronstream_worker_slots_busy", "Executions running on this worker.", registry=None)
 WORKER_BUFFERED = Gauge("cronstream_worker_buffered", "Work records read but not started yet.", registry=None)
+WORKER_HANDLER_PROCESSES = Gauge(
+    "cronstream_worker_handler_processes",
+    "Handler processes in this worker's pool (started as runs need them, up to its slots).",
+    registry=None)
 WORKER_EXECUTIONS = Counter(
     "cronstream_worker_executions",
     "Executions this worker finished, by final status.",
@@ -238,6 +242,7 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         WORKER_SLOTS,
         WORKER_SLOTS_BUSY,
         WORKER_BUFFERED,
+        WORKER_HANDLER_PROCESSES,
         WORKER_EXECUTIONS,
         EXECUTION_DURATION,
         START_LAG,

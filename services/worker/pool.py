@@ -36,6 +36,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections import deque
 from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any
@@ -51,7 +52,7 @@ from cronstream.services.worker.runner import (
     encode_result,
     make_context,
 )
-from cronstream.shared import telemetry
+from cronstream.shared import metrics, telemetry
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDue
 from cronstream.shared.telemetry import Headers
@@ -316,8 +317,25 @@ def _outcome(message: dict[str, Any], cancelled: bool) -> Outcome:
                    ("cancelled" if status == "CANCELLED" else None))
 
 
+# Processes a pool starts with; it starts more as runs need them, up to its size.
+WARM_PROCESSES = 2
+# A run that finds every process busy waits this long for one to come free before the
+# pool starts another. Short handlers keep reusing the few processes whose memory is in
+# the caches (each process woken in turn was a cache refill and a context switch per
+# execution: with one process per slot, 64 short runs woke 64 processes); a burst of
+# long ones gets a process each, this much later.
+GROW_AFTER_SECONDS = 0.005
+
+
 class PoolRunner:
-    """`size` reusable handler processes plus inline execution for `inline` handlers."""
+    """Up to `size` reusable handler processes plus inline execution for `inline` handlers.
+
+    The pool grows with what its runs need: it starts WARM_PROCESSES and adds one for each
+    run that has waited GROW_AFTER_SECONDS for a free process, up to `size` (the worker's
+    concurrency: every slot can still hold a blocking handler). A worker whose handlers
+    all run inline starts no more than the warm ones; one whose handlers are short keeps
+    as many as run at the same time. Processes stay once started (a killed one is
+    replaced), idle ones are reused last in, first out."""
 
     def __init__(self, registry: HandlerRegistry, size: int, imports: list[str],
                  allow_shell: bool = False) -> None:
@@ -329,47 +347,113 @@ class PoolRunner:
         self._ctx.set_forkserver_preload([FORKSERVER_SIGNALS, BUILTINS, *self.imports])
         # Last in, first out: the child that just answered runs the next execution, while
         # its memory is still in the caches; under less than full load the others sleep.
-        self._idle: asyncio.LifoQueue[Child] = asyncio.LifoQueue()
+        self._idle: list[Child] = []
+        self._waiting: deque[asyncio.Future[Child]] = deque()
         self._children: list[Child] = []
+        self._spawning = 0
+        self._spawns: set[asyncio.Future[None]] = set()
+        self._grow_timer: asyncio.TimerHandle | None = None
+        self._spawn_error: BaseException | None = None
         self._closing = False
-        self._starting: asyncio.Future[None] | None = None
         self.replaced = 0
 
-    async def start(self) -> None:
-        """Start the processes, without waiting for them: each joins the idle ones when it
-        is up, and a run waits for the first free one. A restarted worker joins its group
-        while its pool starts (seconds, for dozens of processes on two cores) instead of
-        after."""
-        loop = asyncio.get_running_loop()
-        spawning = [loop.run_in_executor(None, self._spawn) for _ in range(self.size)]
-        self._starting = asyncio.ensure_future(self._enlist(spawning))
+    @property
+    def processes(self) -> int:
+        """Handler processes alive or starting."""
+        return len(self._children) + self._spawning
 
-    async def _enlist(self, spawning: list[asyncio.Future[Child]]) -> None:
-        for spawned in asyncio.as_completed(spawning):
-            try:
-                child = await spawned
-            except Exception:
-                logger.exception("a handler process did not start",
-                                 extra={"action": "handler_pool_failed"})
-                raise  # runs that find no process left fail with it (`run`)
-            if self._closing:
-                child.kill()
-                continue
-            self._children.append(child)
-            self._idle.put_nowait(child)
-        log(logger, "handler_pool_started", processes=self.size)
+    async def start(self) -> None:
+        """Start the warm processes, without waiting for them: each joins the idle ones
+        when it is up, and a run waits for the first free one."""
+        for _ in range(min(self.size, WARM_PROCESSES)):
+            self._spawn_one()
+
+    def _spawn_one(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._spawning += 1
+        spawned = loop.run_in_executor(None, self._spawn)
+        task = asyncio.ensure_future(self._enlist(spawned))
+        self._spawns.add(task)
+        task.add_done_callback(self._spawns.discard)
+
+    async def _enlist(self, spawned: asyncio.Future[Child]) -> None:
+        try:
+            child = await spawned
+        except Exception as exc:
+            self._spawning -= 1
+            logger.exception("a handler process did not start",
+                             extra={"action": "handler_pool_failed"})
+            self._spawn_error = exc
+            if not self._children and not self._spawning:
+                # Nothing can run them: fail the waiting runs instead of holding them.
+                while self._waiting:
+                    waiter = self._waiting.popleft()
+                    if not waiter.done():
+                        waiter.set_exception(RuntimeError(f"the handler pool did not start: {exc}"))
+            return
+        self._spawning -= 1
+        if self._closing:
+            child.kill()
+            return
+        self._spawn_error = None
+        self._children.append(child)
+        metrics.WORKER_HANDLER_PROCESSES.set(len(self._children))
+        self._release(child)
 
     def _spawn(self) -> Child:
         return Child(self._ctx, self.imports, self.allow_shell)
 
+    def _release(self, child: Child) -> None:
+        """A free process: to the run that has waited longest, else to the idle ones."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(child)
+                return
+        self._idle.append(child)
+
+    async def _acquire(self) -> Child:
+        if self._idle:
+            return self._idle.pop()
+        if not self._children and not self._spawning:
+            if self._spawn_error is not None:
+                raise RuntimeError(f"the handler pool did not start: {self._spawn_error}")
+            self._spawn_one()  # a pool of size 0 never gets here: size >= 1 (settings)
+        waiter: asyncio.Future[Child] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        if self._grow_timer is None:
+            self._grow_timer = asyncio.get_running_loop().call_later(GROW_AFTER_SECONDS, self._grow)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result())  # handed over just as this run was cancelled
+            raise
+
+    def _grow(self) -> None:
+        """One new process for each run still waiting, as far as the size allows."""
+        self._grow_timer = None
+        if self._closing:
+            return
+        waiting = sum(1 for waiter in self._waiting if not waiter.done())
+        for _ in range(min(waiting - self._spawning, self.size - self.processes)):
+            self._spawn_one()
+
     async def close(self) -> None:
         self._closing = True
-        if self._starting is not None:
-            with contextlib.suppress(Exception):
-                await self._starting  # the processes still starting are killed as they come
+        if self._grow_timer is not None:
+            self._grow_timer.cancel()
+        if self._spawns:
+            # The processes still starting are killed as they come.
+            await asyncio.gather(*self._spawns, return_exceptions=True)
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(RuntimeError("the handler pool is closing"))
         for child in self._children:
             child.kill()
         self._children.clear()
+        self._idle.clear()
 
     async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
@@ -379,20 +463,17 @@ class PoolRunner:
         if spec.inline:
             with telemetry.attached(trace or []):
                 return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
-        starting = self._starting
-        if self._idle.empty() and starting is not None and starting.done() and starting.exception():
-            raise RuntimeError(f"the handler pool did not start: {starting.exception()}")
-        child = await self._idle.get()
+        child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
-            child = await self._idle.get()
+            child = await self._acquire()
         try:
             return await child.run(due, progress, cancel, trace)
         finally:
             # A child that answered is alive (no waitpid per execution); one that did not
             # was killed or lost its pipe.
             if not child.dead:
-                self._idle.put_nowait(child)
+                self._release(child)
             elif not self._closing:
                 await self._replace(child)
 
@@ -401,8 +482,12 @@ class PoolRunner:
             self._children.remove(dead)
         dead.kill()
         fresh = await asyncio.get_running_loop().run_in_executor(None, self._spawn)
+        if self._closing:
+            fresh.kill()
+            return
         self._children.append(fresh)
-        self._idle.put_nowait(fresh)
+        metrics.WORKER_HANDLER_PROCESSES.set(len(self._children))
+        self._release(fresh)
         self.replaced += 1
         log(logger, "handler_process_replaced", pid=fresh.process.pid, replaced=self.replaced)
 
@@ -429,4 +514,5 @@ async def _run_inline(func: Any, is_async: bool, due: JobDue, progress: Progress
     return check_result(result)
 
 
-__all__ = ["CANCEL_GRACE_SECONDS", "Child", "PoolRunner", "child_main"]
+__all__ = ["CANCEL_GRACE_SECONDS", "GROW_AFTER_SECONDS", "WARM_PROCESSES", "Child", "PoolRunner",
+           "child_main"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import tests.e2e.handlers_for_tests  # noqa: F401  (registers the handlers in this process too)
 from cronstream.handlers import REGISTRY
-from cronstream.services.worker.pool import FORKSERVER_SIGNALS, Child, PoolRunner
+from cronstream.services.worker.pool import FORKSERVER_SIGNALS, WARM_PROCESSES, Child, PoolRunner
 from cronstream.services.worker.runner import CancelSignal
 from cronstream.shared.records import JobDue, JobSnapshot
 
@@ -76,3 +76,41 @@ def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp
             child.kill()
 
     asyncio.run(scenario())
+
+
+def test_the_pool_starts_few_processes_and_grows_with_the_runs_that_wait(tmp_path: Path) -> None:
+    """Executions one after another never need a second process; a burst of handlers that
+    hold their process gets one each, up to the pool's size, and no more."""
+    size, burst = 6, 9
+
+    async def scenario() -> None:
+        runner = PoolRunner(REGISTRY, size, [HANDLERS])
+        await runner.start()
+        try:
+            assert runner.processes == WARM_PROCESSES
+            for _ in range(20):
+                outcome = await runner.run(_due("test.write", path=str(tmp_path / "one.txt")),
+                                           _ignore, CancelSignal())
+                assert outcome.status == "COMPLETED", outcome
+            assert runner.processes == WARM_PROCESSES, "sequential runs always find a free process"
+            # Each waits (up to 60 s) until it is cancelled: every one holds its process.
+            signals = [CancelSignal() for _ in range(burst)]
+            runs = [asyncio.ensure_future(runner.run(_due("test.wait-for-cancel", seconds=60),
+                                                     _ignore, signal)) for signal in signals]
+
+            async def grown() -> None:
+                while len(runner._children) < size or runner._spawning:
+                    await asyncio.sleep(0.05)  # polling a condition, under the deadline below
+
+            await asyncio.wait_for(grown(), 60)
+            assert runner.processes == size, "never more processes than slots"
+            for signal in signals:
+                signal.set("test over")
+            outcomes = await asyncio.wait_for(asyncio.gather(*runs), 60)
+            assert [o.status for o in outcomes] == ["CANCELLED"] * burst
+            assert runner.replaced == 0
+        finally:
+            await runner.close()
+
+    asyncio.run(scenario())
+    assert len((tmp_path / "one.txt").read_text().splitlines()) == 20
