@@ -28,7 +28,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from types import UnionType
 from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
-from uuid import UUID, uuid4
+from uuid import UUID
 from zoneinfo import ZoneInfo, available_timezones
 
 from pydantic import (
@@ -46,6 +46,7 @@ from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
+from cronstream.shared.ids import new_event_id
 from cronstream.shared.statuses import TERMINAL
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -430,7 +431,7 @@ class ExecutionEvent(Record):
         """An event of the execution `due` asks for (its ids, attempt and delivery), now;
         `fields` add to or override those."""
         values: dict[str, Any] = {
-            "event_id": uuid4(), "execution_id": due.execution_id, "job_id": due.job_id,
+            "event_id": new_event_id(), "execution_id": due.execution_id, "job_id": due.job_id,
             "run_id": due.run_id, "status": status, "attempt_number": due.attempt_number,
             "scheduled_at": due.scheduled_at, "occurred_at": now_utc(), "delivery": due.delivery,
         }

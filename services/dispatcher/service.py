@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from uuid import uuid4
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -32,7 +31,7 @@ from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.health import Health
-from cronstream.shared.ids import fast_uuid4
+from cronstream.shared.ids import fast_uuid7, new_event_id
 from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
@@ -278,7 +277,7 @@ class DispatcherService:
         job = job_id or due.job_id  # type: ignore[union-attr]
         terminal = status in ("SKIPPED", "CANCELLED")
         event = ExecutionEvent(
-            event_id=uuid4(), execution_id=due.execution_id, job_id=job, run_id=due.run_id,
+            event_id=new_event_id(), execution_id=due.execution_id, job_id=job, run_id=due.run_id,
             status=status, attempt_number=due.attempt_number, scheduled_at=due.scheduled_at,
             occurred_at=now_utc(), delivery=due.delivery,
             completed_at=now_utc() if terminal else None, **fields,  # type: ignore[arg-type]
@@ -288,7 +287,7 @@ class DispatcherService:
     def _queue(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
         key = due.job_id.encode()
         job = due.job
-        queued = render_event(due, "QUEUED", fast_uuid4(), now_utc(), priority=job.priority,
+        queued = render_event(due, "QUEUED", fast_uuid7(), now_utc(), priority=job.priority,
                               queue=job.queue, reason=due.reason,
                               idempotency_key=due.idempotency_key, job=job,
                               approved_by=due.approved_by)

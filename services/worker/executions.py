@@ -18,7 +18,7 @@ from typing import Any
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
-from cronstream.shared.ids import fast_uuid4
+from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue, now_utc, render_event
@@ -79,7 +79,7 @@ class Reporter:
 
     def running(self, run: Running) -> OutRecord:
         """The RUNNING event of a start (as `event(run, "RUNNING")` builds it)."""
-        return self._record(run, render_event(run.due, "RUNNING", fast_uuid4(), now_utc(),
+        return self._record(run, render_event(run.due, "RUNNING", fast_uuid7(), now_utc(),
                                               worker_id=self.worker_id, started_at=run.started_at))
 
     def _record(self, run: Running, event: bytes) -> OutRecord:
@@ -112,7 +112,7 @@ class Reporter:
         if status == "COMPLETED" and error is None:
             job = run.due.job
             records.insert(0, self._record(run, render_event(
-                run.due, status, fast_uuid4(), now_utc(), worker_id=self.worker_id,
+                run.due, status, fast_uuid7(), now_utc(), worker_id=self.worker_id,
                 started_at=run.started_at, completed_at=done.completed_at, result=outcome.result,
                 progress=100.0, priority=job.priority, queue=job.queue)))
         else:

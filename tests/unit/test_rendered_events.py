@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from cronstream.services.worker.runner import check_result
-from cronstream.shared.ids import fast_uuid4
+from cronstream.shared.ids import fast_uuid4, fast_uuid7, new_event_id
 from cronstream.shared.records import ExecutionEvent, JobDue, render_event
 
 RESULTS: list[Any] = [
@@ -94,9 +95,26 @@ def test_a_result_json_cannot_hold_is_refused_before_it_is_rendered() -> None:
     assert check_result(math.pi).status == "COMPLETED"
 
 
-def test_fast_event_ids_are_random_version_4_uuids() -> None:
+def test_fast_random_ids_are_version_4_uuids() -> None:
     ids = {fast_uuid4() for _ in range(1000)}
     assert len(ids) == 1000
     for value in ids:
         parsed = uuid.UUID(value)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, value)
+
+
+def test_event_ids_are_version_7_uuids_in_the_order_they_were_made() -> None:
+    before = time.time_ns() // 1_000_000
+    first = [fast_uuid7() for _ in range(1000)]
+    last_ms = max(uuid.UUID(value).int >> 80 for value in first)
+    while time.time_ns() // 1_000_000 <= last_ms:
+        pass  # into a later millisecond than any of them
+    later = fast_uuid7()
+    after = time.time_ns() // 1_000_000
+    assert len(set(first)) == 1000
+    for value in [*first, later]:
+        parsed = uuid.UUID(value)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, value)
+        assert before <= parsed.int >> 80 <= after, "the first 48 bits are Unix milliseconds"
+    assert all(uuid.UUID(value).bytes < uuid.UUID(later).bytes for value in first)
+    assert new_event_id().version == 7
