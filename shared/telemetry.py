@@ -156,6 +156,23 @@ def _extract_traceparent(carrier: Headers) -> otel_context.Context | None:
     return trace.set_span_in_context(NonRecordingSpan(ids))
 
 
+def lone_traceparent(headers: object) -> str | None:
+    """The traceparent of headers that carry a well-formed one and nothing else the
+    propagators read — exactly what `inject()` writes again while their context is
+    current and nothing records (`handler_span`); None for anything else."""
+    carrier = headers if isinstance(headers, list) else []
+    found = None
+    for key, value in carrier:
+        if key == TRACEPARENT and found is None:
+            found = value
+        elif key in _W3C_FIELDS:
+            return None
+    match = _LONE_TRACEPARENT.fullmatch(found) if found is not None else None
+    if match is None or not _w3c_textmap() or not int(match[1], 16) or not int(match[2], 16):
+        return None
+    return match[0].decode()
+
+
 def carried(headers: object) -> Headers:
     """The trace headers among a record's headers, to forward them unchanged."""
     if not isinstance(headers, list):
@@ -300,9 +317,11 @@ def attached(headers: object) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def handler_span(handler: str, **cronstream: Any) -> Iterator[str | None]:
+def handler_span(handler: str, current: str | None = None, **cronstream: Any) -> Iterator[str | None]:
     """The handler's own span, current while it runs (user spans nest in it); yields the
-    traceparent of the current context, for the handler's Context."""
+    traceparent of the current context, for the handler's Context. `current`: that
+    traceparent when the caller knows it already (`lone_traceparent` of the headers it
+    attached), used as it is when nothing records."""
     if recording():
         attributes = {f"cronstream.{k}": str(v) for k, v in cronstream.items()}
         attributes["cronstream.handler"] = handler
@@ -310,7 +329,7 @@ def handler_span(handler: str, **cronstream: Any) -> Iterator[str | None]:
                                             attributes=attributes):
             yield traceparent_of(inject())
     else:
-        yield traceparent_of(inject())
+        yield current if current is not None else traceparent_of(inject())
 
 
 class TraceIdFilter(logging.Filter):

@@ -455,14 +455,28 @@ class PoolRunner:
         self._children.clear()
         self._idle.clear()
 
+    def run_now(self, due: JobDue, progress: ProgressFn, traceparent: str | None = None
+                ) -> Outcome | None:
+        """The outcome of a run that needs no waiting, on the spot: an unknown handler, or
+        an inline synchronous one (called here, on the event loop it must not block,
+        inside the caller's trace context; `traceparent` is that context's when the caller
+        knows it). None for the others: `run` them. No task, no second context per
+        execution: a no-op's whole run is a function call."""
+        spec = self.registry.get(due.job.handler)
+        if spec is None:
+            return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
+        if not spec.inline or spec.is_async:
+            return None
+        return _run_now(spec.func, due, progress, traceparent)
+
     async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
+        """Run `due` to its outcome (inside the caller's trace context)."""
         spec = self.registry.get(due.job.handler)
         if spec is None:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if spec.inline:
-            with telemetry.attached(trace or []):
-                return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
+            return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
         child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
@@ -490,6 +504,30 @@ class PoolRunner:
         self._release(fresh)
         self.replaced += 1
         log(logger, "handler_process_replaced", pid=fresh.process.pid, replaced=self.replaced)
+
+
+class _NeverCancelled(threading.Event):
+    """The cancellation flag of an inline synchronous run: it holds the event loop from its
+    start to its end, so nothing can cancel it meanwhile. One for all of them."""
+
+    def set(self) -> None:
+        raise RuntimeError("an inline synchronous run cannot be cancelled")
+
+
+_NEVER_CANCELLED = _NeverCancelled()
+
+
+def _run_now(func: Any, due: JobDue, progress: ProgressFn, traceparent: str | None) -> Outcome:
+    """An inline synchronous handler, called here and now (PoolRunner.run_now)."""
+    try:
+        with telemetry.handler_span(due.job.handler, traceparent, job_id=due.job_id,
+                                    execution_id=due.execution_id) as current:
+            result = func(make_context(due, progress, _NEVER_CANCELLED, current))
+    except NonRetryableError as exc:
+        return Outcome("PERMANENTLY_FAILED", error=describe_error(exc))
+    except Exception as exc:
+        return Outcome("FAILED", error=describe_error(exc))
+    return check_result(result)
 
 
 async def _run_inline(func: Any, is_async: bool, due: JobDue, progress: ProgressFn,

@@ -10,7 +10,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from cronstream.handlers import Context
@@ -31,22 +31,31 @@ class Outcome:
         return self.status in ("FAILED", "TIMED_OUT")
 
 
-@dataclass
 class CancelSignal:
     """Set once when an execution must stop (cancelled, replaced, or the worker drains);
-    readable from handler threads and awaitable on the event loop."""
+    readable from handler threads and awaitable on the event loop.
 
-    reason: str = ""
-    by: str | None = None  # who asked (Command.issued_by), when someone did
-    _flag: threading.Event = field(default_factory=threading.Event)
-    _callbacks: list[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = field(default_factory=list)
+    Its threading.Event is made when someone asks for it (`flag`: a handler's Context),
+    not for every execution: most are never cancelled, and a pool run or an inline
+    synchronous one never reads it."""
+
+    __slots__ = ("_callbacks", "_flag", "_set", "by", "reason")
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.by: str | None = None  # who asked (Command.issued_by), when someone did
+        self._set = False
+        self._flag: threading.Event | None = None
+        self._callbacks: list[tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = []
 
     def set(self, reason: str, by: str | None = None) -> None:
-        if self._flag.is_set():
+        if self._set:
             return
         self.reason = reason
         self.by = by
-        self._flag.set()
+        self._set = True
+        if self._flag is not None:
+            self._flag.set()
         for loop, callback in self._callbacks:
             loop.call_soon_threadsafe(callback)
 
@@ -54,14 +63,14 @@ class CancelSignal:
         """Call `callback` on `loop` once set (soon, if it is already). It may be called
         twice when the set races this call: it must be idempotent."""
         self._callbacks.append((loop, callback))
-        if self._flag.is_set():
+        if self._set:
             loop.call_soon_threadsafe(callback)
 
     def is_set(self) -> bool:
-        return self._flag.is_set()
+        return self._set
 
     async def wait(self) -> None:
-        if self._flag.is_set():
+        if self._set:
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -75,6 +84,12 @@ class CancelSignal:
 
     @property
     def flag(self) -> threading.Event:
+        """The signal as a threading.Event (made on first use, on the event loop: before
+        the handler that reads it starts)."""
+        if self._flag is None:
+            self._flag = threading.Event()
+            if self._set:
+                self._flag.set()
         return self._flag
 
 

@@ -72,7 +72,7 @@ from cronstream.shared.producers import (
 )
 from cronstream.shared.records import PRIORITIES, JobDue, WorkerStatus, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import Headers, Hop, attached, messaging, recording
+from cronstream.shared.telemetry import Headers, Hop, attached, lone_traceparent, messaging, recording
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class Runner(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    def run_now(self, due: JobDue, progress: Any, traceparent: str | None = None
+                ) -> Outcome | None: ...
 
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome: ...
@@ -348,12 +351,21 @@ class WorkerService:
             self.running.pop(done.running.due.execution_id, None)
             count_finished(done)
             done.running.hop.end(done.outcome.error if done.status != "COMPLETED" else None)
-        for run in starts:
-            self.running[run.due.execution_id] = run
-            run.task = asyncio.create_task(self._execute(run))
-            count_started(run)
+        self._start(starts)
         metrics.WORKER_SLOTS_BUSY.set(len(self.running))
         metrics.WORKER_BUFFERED.set(self._buffered())
+
+    def _start(self, starts: list[Running]) -> None:
+        """Run what this turn's commit started: on the spot when the runner can (inline
+        synchronous handlers), else as a task."""
+        for run in starts:
+            self.running[run.due.execution_id] = run
+            count_started(run)
+            outcome = self._run_now(run)
+            if outcome is None:
+                run.task = asyncio.create_task(self._execute(run))
+            else:  # reported with the next turn, like any other that finished
+                self._finished.append(Finished(run, outcome, now_utc()))
 
     def _hop(self, due: JobDue, msg: Message) -> Hop:
         topic, partition, offset = position(msg)
@@ -429,6 +441,18 @@ class WorkerService:
         await self._consumer.call(seek_back)
 
     # -- executions -----------------------------------------------------------------
+
+    def _run_now(self, run: Running) -> Outcome | None:
+        """The outcome of a run the runner settles on the spot (an inline synchronous
+        handler, an unknown one); None when it must be awaited (`_execute`)."""
+        try:
+            with attached(run.headers):  # its log lines carry its trace_id
+                return self.runner.run_now(run.due, partial(self._progress, run),
+                                           lone_traceparent(run.headers))
+        except Exception as exc:
+            logger.exception("runner failed", extra={"action": "runner_failed",
+                                                     "execution_id": str(run.due.execution_id)})
+            return Outcome("FAILED", error=f"worker error: {exc}")
 
     async def _execute(self, run: Running) -> None:
         def progress(percent: float, message: str | None) -> None:

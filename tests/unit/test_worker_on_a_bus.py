@@ -39,6 +39,9 @@ class HeldRunner:
     async def close(self) -> None:
         return None
 
+    def run_now(self, due: JobDue, progress: Any, traceparent: str | None = None) -> Outcome | None:
+        return None  # every run is held: awaited
+
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
                   trace: Any = None) -> Outcome:
         self.started.append(due.execution_id)
