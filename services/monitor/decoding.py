@@ -17,10 +17,11 @@ from uuid import UUID
 from confluent_kafka import Message
 
 from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.fast_records import EventRecord, decode_event
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, ExecutionEvent, Heartbeat, JobDefinition
+from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition
 from cronstream.shared.schedule import from_epoch_ms
 from cronstream.shared.telemetry import traceparent_of
 from cronstream.shared.topics import Topics
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 class MonitorBatch:
     """One consumed batch, decoded, each item with its partition and offset."""
 
-    events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
+    events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
     definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
@@ -67,7 +68,7 @@ class Decoder:
             batch.seen(topic, partition, offset)
             try:
                 if topic == t.execution_events:
-                    event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
+                    event = decode_event(msg.value(), msg.key())
                     batch.events.append((event, partition, offset))
                     self._trace(batch, event, msg)
                 elif topic == t.heartbeats:
@@ -93,7 +94,7 @@ class Decoder:
         return batch
 
     @staticmethod
-    def _trace(batch: MonitorBatch, event: ExecutionEvent, msg: Message) -> None:
+    def _trace(batch: MonitorBatch, event: EventRecord, msg: Message) -> None:
         traceparent = traceparent_of(msg.headers())
         if traceparent is not None:
             batch.traces[event.event_id] = traceparent

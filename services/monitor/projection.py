@@ -19,7 +19,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from cronstream.shared.records import Alert, ExecutionEvent, Heartbeat
+from cronstream.shared.fast_records import EventRecord
+from cronstream.shared.records import Alert, Heartbeat
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import trace_id
 
@@ -55,7 +56,7 @@ class ExecutionPatch:
     traceparent: str | None = None
 
     @classmethod
-    def start(cls, event: ExecutionEvent) -> ExecutionPatch:
+    def start(cls, event: EventRecord) -> ExecutionPatch:
         patch = cls(
             execution_id=event.execution_id, job_id=event.job_id, run_id=event.run_id,
             status="RUNNING", scheduled_at=event.scheduled_at,
@@ -65,10 +66,10 @@ class ExecutionPatch:
         patch.apply(event)
         return patch
 
-    def accepts(self, event: ExecutionEvent) -> bool:
+    def accepts(self, event: EventRecord) -> bool:
         return self.status not in TERMINAL and event.delivery >= self.delivery
 
-    def apply(self, event: ExecutionEvent) -> None:
+    def apply(self, event: EventRecord) -> None:
         if event.delivery > self.delivery:
             self.started_at = self.worker_id = self.progress_message = None
             self.progress = None
@@ -117,7 +118,7 @@ class ExecutionPatch:
         self.cancelled_by = event.cancelled_by or self.cancelled_by
 
 
-def fold(events: list[ExecutionEvent], traces: dict[UUID, str] | None = None
+def fold(events: list[EventRecord], traces: dict[UUID, str] | None = None
          ) -> dict[UUID, ExecutionPatch]:
     """One patch per execution; `traces` (event_id -> traceparent) gives each patch the
     trace context of its latest accepted event."""
@@ -152,7 +153,7 @@ def patch_rows(patches: list[ExecutionPatch]) -> list[tuple[Any, ...]]:
     return [tuple([getattr(p, c) for c in _PATCH_COLUMNS]) for p in patches]
 
 
-def event_rows(rows: list[tuple[ExecutionEvent, int, int]], traces: dict[UUID, str] | None = None
+def event_rows(rows: list[tuple[EventRecord, int, int]], traces: dict[UUID, str] | None = None
                ) -> list[tuple[Any, ...]]:
     """Rows of `staged_events` (queries.sql `create_staging`) from (event, partition, offset)."""
     traces = traces or {}

@@ -42,6 +42,7 @@ from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
 from cronstream.shared.db import query
+from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import (
@@ -289,7 +290,8 @@ class MonitorService:
             patches = await self._store.write(fresh, sanitize)
             outgoing: list[OutRecord] = list(fresh.dead)
             outgoing += [self.outbound.permanently_failed(e, self._headers(fresh, e))
-                         for e, _, _ in fresh.events if e.status == "PERMANENTLY_FAILED"]
+                         for e, _, _ in fresh.events
+                         if isinstance(e, ExecutionEvent) and e.status == "PERMANENTLY_FAILED"]
             outgoing += await self.dags.advance(fresh.conn, patches)
             outgoing += await self._decide(fresh)
             if outgoing:
@@ -317,7 +319,7 @@ class MonitorService:
         return records
 
     @staticmethod
-    def _headers(fresh: Fresh, event: ExecutionEvent) -> Headers:
+    def _headers(fresh: Fresh, event: EventRecord) -> Headers:
         traceparent = fresh.traces.get(event.event_id)
         return [("traceparent", traceparent.encode())] if traceparent else new_headers()
 

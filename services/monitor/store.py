@@ -35,8 +35,9 @@ from cronstream.services.monitor.projection import (
     patch_rows,
 )
 from cronstream.shared.db import query
+from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, ExecutionEvent, Heartbeat, JobDefinition, now_utc
+from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.topics import Topics
 
@@ -48,7 +49,7 @@ class Fresh:
     """The part of a batch not projected yet, inside its open transaction."""
 
     conn: Any
-    events: list[tuple[ExecutionEvent, int, int]] = field(default_factory=list)
+    events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[Heartbeat] = field(default_factory=list)
     definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)

@@ -1,0 +1,163 @@
+"""A faster decoder for the execution events every execution goes through, which never
+accepts what the model refuses (docs/decisions/0018).
+
+The monitor decodes three events per execution (QUEUED, RUNNING, COMPLETED); validating
+them with the pydantic models was a fifth of its CPU. `decode_event` reads them with
+msgspec into `FastEvent` — the same fields, types, defaults and limits as
+`records.ExecutionEvent`, checked in C — and hands everything it cannot take whole to
+`codec.decode`, the model's own path, which then accepts or refuses it with the usual
+reason. The fast path only ever *narrows* what is accepted:
+
+- unknown fields (a newer minor version) and any other offset than UTC go to the model,
+  which keeps the first and moves the second;
+- so do records large enough that a `result` or `params` could pass a size limit (the
+  model re-encodes those to measure them), and every status but the four that every
+  execution has (the others are rare and some of them are published onwards: the model
+  gives them all its methods);
+- patterns are anchored with `\\Z`, not `$` (which would also match before a final
+  newline, where the model's regex does not);
+- instants outside [1970, 2999] go to the model (which refuses them with its reason), and
+  so does a record with a time of more than six decimals anywhere (msgspec rounds the
+  seventh, the model truncates).
+
+`tests/unit/test_fast_records.py` holds the two to each other: the same fields and
+defaults, and over valid records and thousands of mutated ones, a fast accept only where
+the model accepts, with equal values.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import msgspec
+
+from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.records import (
+    EARLIEST,
+    LATEST,
+    MAX_MESSAGE_CHARS,
+    MAX_PARAMS_BYTES,
+    MAX_RESULT_BYTES,
+    REENCODE_GROWTH,
+    ConcurrencyPolicy,
+    DueReason,
+    ExecutionEvent,
+    ExecutionStatus,
+    Priority,
+)
+from cronstream.shared.statuses import TERMINAL
+
+__all__ = ["FAST_STATUSES", "EventRecord", "FastEvent", "FastSnapshot", "decode_event"]
+
+_ZERO = timedelta(0)
+# Larger than this, a `result` or `params` could be over its limit: the model measures.
+FAST_MAX_BYTES = min(MAX_RESULT_BYTES, MAX_PARAMS_BYTES) // REENCODE_GROWTH
+FAST_STATUSES = frozenset({"QUEUED", "RUNNING", "PROGRESS", "COMPLETED"})
+
+
+def _pattern(chars: str, most: int) -> msgspec.Meta:
+    return msgspec.Meta(pattern=f"^[{chars}]{{1,{most}}}\\Z")
+
+
+JobId = Annotated[str, _pattern("A-Za-z0-9_.-", 128)]
+HandlerName = Annotated[str, _pattern("A-Za-z0-9_.:-", 128)]
+QueueName = Annotated[str, _pattern("A-Za-z0-9_-", 64)]
+WorkerId = Annotated[str, _pattern("A-Za-z0-9_.:@-", 128)]
+Instant = Annotated[datetime, msgspec.Meta(tz=True)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
+Actor = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.JobSnapshot, field for field, in its order."""
+
+    schema_version: Literal[1] = 1
+    handler: HandlerName
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=7 * 86400)] = 3600
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+    retry_delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 10
+    max_retry_delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 3600
+    priority: Priority = "normal"
+    queue: QueueName = "default"
+    concurrency_policy: ConcurrencyPolicy = "ALLOW"
+
+    def model_dump_json(self) -> str:
+        """The snapshot's JSON, as JobSnapshot.model_dump_json writes it."""
+        return msgspec.json.encode(self).decode()
+
+
+class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.ExecutionEvent, field for field, in its order (read only: nothing is
+    published from it)."""
+
+    schema_version: Literal[1] = 1
+    event_id: UUID
+    execution_id: UUID
+    job_id: JobId
+    run_id: UUID
+    status: ExecutionStatus
+    attempt_number: Annotated[int, msgspec.Meta(ge=1, le=1_000)]
+    scheduled_at: Instant
+    occurred_at: Instant
+    delivery: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+    worker_id: WorkerId | None = None
+    started_at: Instant | None = None
+    completed_at: Instant | None = None
+    error_message: Text | None = None
+    result: Any = None
+    progress: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
+    progress_message: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
+    priority: Priority | None = None
+    queue: QueueName | None = None
+    reason: DueReason | None = None
+    idempotency_key: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    job: FastSnapshot | None = None
+    approved_by: Actor | None = None
+    rejected_by: Actor | None = None
+    cancelled_by: Actor | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+# What the monitor holds of a decoded event: the fast record, or the model for the rest.
+EventRecord = ExecutionEvent | FastEvent
+
+_EVENTS = msgspec.json.Decoder(FastEvent)
+_FINER_THAN_MICROSECONDS = re.compile(rb":\d\d\.\d{7}")
+
+
+def _in_range(value: datetime | None) -> bool:
+    return value is None or (value.utcoffset() == _ZERO and EARLIEST <= value <= LATEST)
+
+
+def _fast(value: bytes, key: bytes | None) -> FastEvent | None:
+    """The event, when the fast path can take it whole; None: the model decides."""
+    if len(value) > FAST_MAX_BYTES or key is None or _FINER_THAN_MICROSECONDS.search(value):
+        return None
+    try:
+        event = _EVENTS.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if (event.status not in FAST_STATUSES or key != event.job_id.encode()
+            or not (_in_range(event.scheduled_at) and _in_range(event.occurred_at)
+                    and _in_range(event.started_at) and _in_range(event.completed_at))):
+        return None
+    return event
+
+
+def decode_event(value: bytes | None, key: bytes | None) -> ExecutionEvent | FastEvent:
+    """An execution event (key: its job_id), or DecodeError with the model's reason."""
+    if value is not None:
+        event = _fast(value, key)
+        if event is not None:
+            return event
+    return decode(ExecutionEvent, value, key=key, key_field="job_id")
+
+
+__all__ += ["DecodeError"]
