@@ -19,7 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.harness import run_benches
+from cronstream.handlers import REGISTRY
+from cronstream.services.worker import builtins  # noqa: F401  (registers noop)
 from cronstream.services.worker.executions import Finished, Reporter, Running, count_finished, count_started
+from cronstream.services.worker.pool import PoolRunner
 from cronstream.services.worker.runner import Outcome
 from cronstream.shared import telemetry
 from cronstream.shared.codec import decode
@@ -64,8 +67,13 @@ def _events(status: str) -> list[bytes]:
             for _ in range(COUNT)]
 
 
+def _no_progress(percent: float, message: str | None) -> None:
+    pass
+
+
 def per_execution() -> dict[str, Any]:
     topics = Settings(topic_prefix="bench.").topics
+    runner = PoolRunner(REGISTRY, 1, [])
     reporter = Reporter(topics, "bench-w0")
     dues = [_due() for _ in range(COUNT)]
     raw_dues = [d.to_json() for d in dues]
@@ -92,7 +100,9 @@ def per_execution() -> dict[str, Any]:
         "model_decode_completed": _us(lambda: [decode(ExecutionEvent, v) for v in completed]),
         "worker_decode_job_due": _us(lambda: [decode(JobDue, v, key=b"bench-000123", key_field="job_id")
                                               for v in raw_dues]),
-        "worker_running_record": _us(lambda: [reporter.event(r, "RUNNING") for r in runs]),
+        "worker_running_record": _us(lambda: [reporter.running(r) for r in runs]),
+        # A no-op's whole run since the inline path runs where the start commits.
+        "worker_inline_run": _us(lambda: [runner.run_now(r.due, _no_progress, None) for r in runs]),
         "worker_completed_record": _us(lambda: [reporter.finished(Finished(f.running, done, f.completed_at))
                                                 for f in finished]),
         "worker_metrics": _us(lambda: [(count_started(f.running), count_finished(f)) for f in finished]),

@@ -230,12 +230,20 @@ def record_time_ms(msg: Message) -> int:
     return ts if kind and ts > 0 else time.time_ns() // 1_000_000
 
 
+def consumer_error_is_fatal(err: KafkaError) -> bool:
+    """Whether the consumer is dead after `err`. A fatal error reaches the application as
+    an error event coded _FATAL, without the fatal flag (a static member fenced by another
+    with its group.instance.id, after a coordinator moved)."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+
+
 def log_consumer_error(consumer: str, err: KafkaError) -> None:
     if err.code() == KafkaError._PARTITION_EOF:
         return
-    level = logging.ERROR if err.fatal() else logging.WARNING
-    log(logger, "consumer_error", level, consumer=consumer, error=err.str(), code=err.name())
-    if err.fatal():
+    fatal = consumer_error_is_fatal(err)
+    log(logger, "consumer_error", logging.ERROR if fatal else logging.WARNING, consumer=consumer,
+        error=err.str(), code=err.name())
+    if fatal:
         raise KafkaException(err)
 
 

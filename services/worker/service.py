@@ -227,20 +227,22 @@ class WorkerService:
             self.topics.work_topics(self.queues), on_assign=self._on_assign,
             on_revoke=self._on_revoke, on_lost=self._on_revoke))
 
-    async def _rejoin(self) -> None:
+    async def _rejoin(self, reason: str) -> None:
         """Start over in the group with a fresh consumer (same static member id).
 
         A rebalance takes seconds (members rejoin within a poll; a dead one is dropped after
         the session timeout). After a broker restart, a consumer can be left waiting for an
         assignment that never comes, with nothing logged (static members: confluent-kafka-go
-        #494); a fresh consumer joining under the same group.instance.id takes the member's
-        place. Nothing is lost: with no assignment nothing is buffered or uncommitted, and
+        #494); and a consumer fenced by another joining with its group.instance.id (which the
+        client can do to itself after a coordinator moved) is dead for good, a fatal error.
+        A fresh consumer joining under the same group.instance.id takes the member's place.
+        Nothing is lost: with no assignment nothing is buffered or uncommitted, and
         running executions are reported by the transactions of the turns that follow.
         """
-        assert self._consumer is not None and self._waiting_since is not None
+        assert self._consumer is not None
+        waited = 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
         log(logger, "worker_rejoining", logging.WARNING, worker_id=self.worker_id,
-            waited_seconds=round(time.monotonic() - self._waiting_since, 1),
-            reason="no assignment since the last rebalance began")
+            waited_seconds=round(waited, 1), reason=reason)
         old, self._consumer = self._consumer, None
         await old.close()  # a static member does not leave the group on close
         for q in self._buffer.values():
@@ -273,9 +275,16 @@ class WorkerService:
             messages = await self._consumer.consume(max(1, room), timeout)
             waiting = self._waiting_since
             if waiting is not None and time.monotonic() - waiting > self.settings.worker_rejoin_after_seconds:
-                await self._rejoin()
+                await self._rejoin("no assignment since the last rebalance began")
                 continue
-            for msg in self.inbound.batch(messages).records:
+            try:
+                records = self.inbound.batch(messages).records
+            except KafkaException:
+                # The consumer is dead (fenced as a static member, above all): a fresh one
+                # takes its place at once, instead of after waiting for an assignment.
+                await self._rejoin("the consumer failed for good")
+                continue
+            for msg in records:
                 self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
             await self._turn(starting=True)
             if not messages and not self._finished and not self._events:

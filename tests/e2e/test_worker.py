@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
@@ -221,3 +221,33 @@ def test_a_worker_left_without_an_assignment_rejoins_with_a_fresh_consumer_and_r
     eventually(lambda: execution(topics, "after-rejoin", "COMPLETED"), 30,
                message="the rejoined worker runs and commits (its new consumer's group metadata)")
     assert events(topics, "after-rejoin")[-2:] == ["RUNNING", "COMPLETED"]
+
+
+def test_a_worker_whose_consumer_is_fenced_as_a_static_member_rejoins_at_once(
+    processes: Processes, topics: Settings,
+) -> None:
+    """A consumer that joins the workers' group under the worker's own group.instance.id
+    fences the worker's consumer for good (after a coordinator moved, the client can do that
+    to itself: the chaos suite's lost leader). The worker starts over with a fresh consumer
+    at once — the rejoin timeout is set far beyond the test — and runs what comes."""
+    processes.system(workers=0)
+    worker = processes.worker("w1", extra_env={"CRONSTREAM_WORKER_REJOIN_AFTER_SECONDS": "600"})
+    intruder = Consumer({
+        "bootstrap.servers": topics.kafka_bootstrap_servers,
+        "group.id": f"{topics.topics.prefix}workers", "group.instance.id": "w1",
+        "enable.auto.commit": False, "partition.assignment.strategy": "range",
+    })
+    try:
+        joined: list[TopicPartition] = []
+        intruder.subscribe(topics.topics.work_topics(["default"]),
+                           on_assign=lambda _c, parts: joined.extend(parts))
+        eventually(lambda: intruder.poll(0.2) is None and bool(joined), 30,
+                   message="the intruder took the worker's place in the group")
+    finally:
+        intruder.close()  # a static member: it does not leave, the worker's rejoin replaces it
+    worker.wait_for_log('reason="the consumer failed for good"', timeout=30)
+    worker.wait_for_log("action=partitions_assigned", count=2, timeout=30)
+    run_now(topics, "after-fence", "noop")
+    eventually(lambda: execution(topics, "after-fence", "COMPLETED"), 30,
+               message="the rejoined worker runs and commits")
+    assert worker.alive()
