@@ -212,6 +212,8 @@ class Child:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reply: asyncio.Future[dict[str, Any] | None] | None = None
         self._progress: ProgressFn | None = None
+        self.run_started = 0.0
+        self._naps = 0  # looks of the pool in a row that found this process asleep
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
@@ -244,6 +246,28 @@ class Child:
         if reply is not None and not reply.done():
             reply.set_result(message)
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    def asleep(self, now: float) -> bool:
+        """Asleep in its handler: at this look and the one before, every thread of the
+        process slept, and its run has lasted ASLEEP_AFTER_SECONDS (a run caught between
+        two steps, or a process still settling in, is not)."""
+        self._naps = 0 if computing(self.pid) else self._naps + 1
+        return self._naps >= 2 and now - self.run_started >= ASLEEP_AFTER_SECONDS
+
+    def answered(self) -> bool:
+        """The child is done with its run, or about to be: its answer is read (the run
+        has yet to hand the process back) or waiting to be read."""
+        reply = self._reply
+        if reply is None or reply.done():
+            return True
+        try:
+            return self.conn.poll(0)
+        except (OSError, EOFError):
+            return True
+
     def kill(self) -> None:
         self.dead = True
         self._unwatch()
@@ -260,7 +284,8 @@ class Child:
         reply = self._reply = loop.create_future()
         self._progress = progress
         self.executions += 1
-        started = loop.time()
+        started = self.run_started = loop.time()
+        self._naps = 0
         deadline = started + due.job.timeout_seconds
         timer = loop.call_at(deadline, self._settle, _TIMEOUT)
 
@@ -325,6 +350,41 @@ WARM_PROCESSES = 2
 # execution: with one process per slot, 64 short runs woke 64 processes); a burst of
 # long ones gets a process each, this much later.
 GROW_AFTER_SECONDS = 0.005
+# A busy process counts as asleep in its handler once its run has lasted this long and two
+# looks in a row found none of its threads on (or waiting for) a CPU.
+ASLEEP_AFTER_SECONDS = 0.02
+
+
+def cpu_budget() -> int:
+    """The CPUs this process may use: its affinity, bounded by a cgroup v2 CPU quota (a
+    Kubernetes CPU limit), at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limits:
+            quota, period = limits.read().split()
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def computing(pid: int) -> bool:
+    """Whether a thread of the process runs or waits for a CPU (state R): a handler's
+    main thread waiting for the GIL that another of its threads holds computes too. Not
+    computing: every thread sleeps in a call. Where /proc cannot tell, it is taken as
+    sleeping (the pool grows, as it may)."""
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                if stat.read().rpartition(b")")[2][1:2] == b"R":
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 class PoolRunner:
@@ -332,13 +392,19 @@ class PoolRunner:
 
     The pool grows with what its runs need: it starts WARM_PROCESSES and adds one for each
     run that has waited GROW_AFTER_SECONDS for a free process, up to `size` (the worker's
-    concurrency: every slot can still hold a blocking handler). A worker whose handlers
-    all run inline starts no more than the warm ones; one whose handlers are short keeps
-    as many as run at the same time. Processes stay once started (a killed one is
-    replaced), idle ones are reused last in, first out."""
+    concurrency: every slot can still hold a blocking handler) — up to one process per
+    CPU (`cpu_budget`), and beyond that one for each busy process asleep in its handler.
+    Handlers that sleep in a call (network, disk, `time.sleep`) get a process each;
+    handlers that compute get no more processes than CPUs, since another would only
+    share the same CPUs and make each run slower: under a load of short handlers on two
+    cores, 64 processes per worker completed 12 % fewer executions than 4, at a quarter
+    more CPU each (issue 16). A process whose answer waits to be read is about to be free
+    and counts for neither. A worker whose handlers all run inline starts no more than the
+    warm ones. Processes stay once started (a killed one is replaced), idle ones are
+    reused last in, first out."""
 
     def __init__(self, registry: HandlerRegistry, size: int, imports: list[str],
-                 allow_shell: bool = False) -> None:
+                 allow_shell: bool = False, cpus: int | None = None) -> None:
         self.registry = registry
         self.size = size
         self.imports = list(imports)
@@ -355,6 +421,7 @@ class PoolRunner:
         self._grow_timer: asyncio.TimerHandle | None = None
         self._spawn_error: BaseException | None = None
         self._closing = False
+        self._cpus = cpus or cpu_budget()
         self.replaced = 0
 
     @property
@@ -431,13 +498,31 @@ class PoolRunner:
             raise
 
     def _grow(self) -> None:
-        """One new process for each run still waiting, as far as the size allows."""
+        """New processes for the runs still waiting, as far as the size, the CPUs and the
+        processes asleep in their handlers allow (then look again a little later, while
+        runs still wait: a handler that computes now may sleep next)."""
         self._grow_timer = None
         if self._closing:
             return
         waiting = sum(1 for waiter in self._waiting if not waiter.done())
-        for _ in range(min(waiting - self._spawning, self.size - self.processes)):
+        wanted = min(waiting - self._spawning, self.size - self.processes)
+        if wanted <= 0:
+            return
+        idle = set(map(id, self._idle))
+        busy = [c for c in self._children if id(c) not in idle and not c.dead]
+        running = [c for c in busy if not c.answered()]
+        answered = len(busy) - len(running)
+        now = asyncio.get_running_loop().time()
+        asleep = sum(1 for c in running if c.asleep(now))
+        # Up to one process per CPU; beyond that, one per process asleep in its handler
+        # (runs like its own wait: a burst of sleepers doubles the pool at each look).
+        # Never for CPUs merely unused by the pool: on a busy machine they are not free.
+        spawn = min(wanted - answered, max(self._cpus - self.processes, asleep))
+        for _ in range(spawn):
             self._spawn_one()
+        if spawn < wanted:
+            self._grow_timer = asyncio.get_running_loop().call_later(
+                GROW_AFTER_SECONDS * 4, self._grow)
 
     async def close(self) -> None:
         self._closing = True
@@ -552,5 +637,5 @@ async def _run_inline(func: Any, is_async: bool, due: JobDue, progress: Progress
     return check_result(result)
 
 
-__all__ = ["CANCEL_GRACE_SECONDS", "GROW_AFTER_SECONDS", "WARM_PROCESSES", "Child", "PoolRunner",
-           "child_main"]
+__all__ = ["ASLEEP_AFTER_SECONDS", "CANCEL_GRACE_SECONDS", "GROW_AFTER_SECONDS", "WARM_PROCESSES",
+           "Child", "PoolRunner", "child_main", "computing", "cpu_budget"]

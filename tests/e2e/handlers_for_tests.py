@@ -21,6 +21,15 @@ def cpu(ctx: Context) -> int:
         n += 1
 
 
+@handler("test.spin")
+def spin(ctx: Context) -> int:
+    """Computes for params.seconds of wall time (pure Python), then returns."""
+    until, n = time.monotonic() + float(ctx.params.get("seconds", 0.2)), 0
+    while time.monotonic() < until:
+        n += 1
+    return n
+
+
 @handler("test.write")
 def write(ctx: Context) -> dict[str, Any]:
     """Appends its execution id to params.path: lets a test see where and how often it ran."""

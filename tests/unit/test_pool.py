@@ -114,3 +114,34 @@ def test_the_pool_starts_few_processes_and_grows_with_the_runs_that_wait(tmp_pat
 
     asyncio.run(scenario())
     assert len((tmp_path / "one.txt").read_text().splitlines()) == 20
+
+
+def test_handlers_that_compute_get_no_more_processes_than_cpus() -> None:
+    """A burst of handlers that compute (never sleep) on a pool given one CPU: the two
+    warm processes compute already, so the runs wait for them instead of each starting a
+    process that would only share the CPU; they all complete."""
+    size, burst = 6, 8
+
+    async def scenario() -> None:
+        runner = PoolRunner(REGISTRY, size, [HANDLERS], cpus=1)
+        await runner.start()
+        try:
+            most = 0
+
+            async def watch() -> None:
+                nonlocal most
+                while True:
+                    most = max(most, runner.processes)
+                    await asyncio.sleep(0.01)  # sampling the pool's size while it works
+
+            watcher = asyncio.ensure_future(watch())
+            runs = [runner.run(_due("test.spin", seconds=0.25), _ignore, CancelSignal())
+                    for _ in range(burst)]
+            outcomes = await asyncio.wait_for(asyncio.gather(*runs), 60)
+            watcher.cancel()
+            assert [o.status for o in outcomes] == ["COMPLETED"] * burst, outcomes
+            assert most == WARM_PROCESSES, f"the pool grew to {most} processes for computing handlers"
+        finally:
+            await runner.close()
+
+    asyncio.run(scenario())
