@@ -217,16 +217,21 @@ def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Mess
 
 
 @contextlib.contextmanager
-def holding_the_workers_group(settings: Settings) -> Iterator[None]:
+def holding_the_workers_group(settings: Settings, instance_id: str | None = None) -> Iterator[None]:
     """A member of the workers' group that owns every partition of the default queue and
     never answers the rebalance another member's join starts (it stops polling): until it
-    leaves (on exit), no worker gets an assignment."""
-    holder = Consumer({
+    leaves (on exit), no worker gets an assignment. With `instance_id`, a static member
+    under that group.instance.id: it fences the member that had it, and on exit it does
+    not leave (the next join under that id replaces it)."""
+    conf = {
         "bootstrap.servers": settings.kafka_bootstrap_servers,
         "group.id": f"{settings.topics.prefix}workers", "enable.auto.commit": False,
         "partition.assignment.strategy": "range",
         "session.timeout.ms": 60_000, "max.poll.interval.ms": 120_000,
-    })
+    }
+    if instance_id is not None:
+        conf["group.instance.id"] = instance_id
+    holder = Consumer(conf)
     try:
         assigned: list[TopicPartition] = []
         holder.subscribe(settings.topics.work_topics(["default"]),

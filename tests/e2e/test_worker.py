@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
@@ -232,19 +232,8 @@ def test_a_worker_whose_consumer_is_fenced_as_a_static_member_rejoins_at_once(
     at once — the rejoin timeout is set far beyond the test — and runs what comes."""
     processes.system(workers=0)
     worker = processes.worker("w1", extra_env={"CRONSTREAM_WORKER_REJOIN_AFTER_SECONDS": "600"})
-    intruder = Consumer({
-        "bootstrap.servers": topics.kafka_bootstrap_servers,
-        "group.id": f"{topics.topics.prefix}workers", "group.instance.id": "w1",
-        "enable.auto.commit": False, "partition.assignment.strategy": "range",
-    })
-    try:
-        joined: list[TopicPartition] = []
-        intruder.subscribe(topics.topics.work_topics(["default"]),
-                           on_assign=lambda _c, parts: joined.extend(parts))
-        eventually(lambda: intruder.poll(0.2) is None and bool(joined), 30,
-                   message="the intruder took the worker's place in the group")
-    finally:
-        intruder.close()  # a static member: it does not leave, the worker's rejoin replaces it
+    with holding_the_workers_group(topics, instance_id="w1"):
+        pass  # it took the worker's place in the group; the worker's rejoin replaces it
     worker.wait_for_log('reason="the consumer failed for good"', timeout=30)
     worker.wait_for_log("action=partitions_assigned", count=2, timeout=30)
     run_now(topics, "after-fence", "noop")
