@@ -3,17 +3,21 @@
 Each slot of the worker's concurrency is one long-lived child process (started from a
 forkserver that has already imported the handler modules, so a start costs milliseconds,
 not an interpreter boot). A child runs one execution at a time. The parent talks to it
-over two pipes, in JSON — never pickle:
+over two pipes, in JSON — never pickle. On the first, one JSON array per line:
 
-    parent → child  {"op": "run", "handler": ..., <the Context's fields>, "trace": [[header, value]...]}
-    child → parent  {"op": "progress", "percent": 40, "message": "..."}
-                    {"op": "done", "status": "COMPLETED", "result": ..., "error": ...}
+    parent → child  [handler, execution_id, job_id, run_id, attempt_number,
+                     idempotency_key, scheduled_at, params, [[header, base64 value]...]]
+    child → parent  ["progress", 40, "message"]
+                    ["done", "COMPLETED", result, error]
     parent → child  <execution id>        (the second pipe: cancel that execution)
 
-The child's main thread reads its runs itself: an execution costs one wake-up of the
-child, not a reader thread's and then the main thread's. Cancellations, rare, come on
-their own pipe, read by a thread that sleeps until one does; it names its execution, so
-one that arrives late never touches the next run.
+A run is one write and, in the child, one read: msgspec decodes it straight into the
+Context's types (UUIDs, an aware datetime, the trace headers' bytes), and each side reads
+whatever lines have arrived with one system call (docs/decisions/0020). The child's main
+thread reads its runs itself: an execution costs one wake-up of the child, not a reader
+thread's and then the main thread's. Cancellations, rare, come on their own pipe, read by
+a thread that sleeps until one does; it names its execution, so one that arrives late
+never touches the next run.
 
 Timeouts and cancellations are enforced by the parent: at `timeout_seconds` the child is
 killed (SIGKILL: CPU loops and blocking calls included) and the execution is TIMED_OUT; a
@@ -37,10 +41,13 @@ import os
 import signal
 import threading
 from collections import deque
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any
 from uuid import UUID
+
+import msgspec
 
 from cronstream.handlers import REGISTRY, Context, HandlerRegistry, NonRetryableError
 from cronstream.services.worker.runner import (
@@ -65,6 +72,47 @@ FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
 
 
 # -- the child side ----------------------------------------------------------------------
+
+
+class RunMessage(msgspec.Struct, array_like=True, frozen=True):
+    """What the parent sends a child to run: the parts of the execution its handler's
+    Context needs, from the JobDue the worker validated (the child does not decode it
+    again), and the trace headers it runs under."""
+
+    handler: str
+    execution_id: UUID
+    job_id: str
+    run_id: UUID
+    attempt_number: int
+    idempotency_key: str
+    scheduled_at: datetime
+    params: dict[str, Any]
+    trace: Sequence[tuple[str, bytes | None]]
+
+
+_encode = msgspec.json.Encoder().encode
+READ_SIZE = 1 << 16
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    """The lines read from `fd`, as many as one read brings at a time, until its end."""
+    partial = b""
+    while True:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except OSError:
+            return
+        if not data:
+            return
+        *lines, partial = (partial + data).split(b"\n")
+        yield from lines
+
+
+def _send(fd: int, data: bytes) -> None:
+    """All of `data` (a line is one write unless the pipe is full)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool) -> None:
@@ -92,66 +140,66 @@ def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_
         builtins.enable_shell()
     watch = _Cancels(cancels)
     threading.Thread(target=watch.read, daemon=True, name="pool-cancels").start()
-    while True:
-        try:
-            message = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return  # the parent is gone
-        cancel = watch.running(message["execution_id"])
-        headers = [(str(k), str(v).encode()) for k, v in message.get("trace", [])]
-        with telemetry.attached(headers):
-            reply = _run_in_child(message, conn, cancel)
-        watch.running(None)
+    fd = conn.fileno()
+    decode = msgspec.json.Decoder(RunMessage).decode
+    for line in _lines(fd):  # until the parent is gone
+        run = decode(line)
+        cancel = watch.running(run.execution_id)
+        with telemetry.attached(run.trace):
+            reply = _run_in_child(run, fd, cancel)
+        watch.finished()
         telemetry.flush()
-        conn.send_bytes(reply)
+        _send(fd, reply)
 
 
 class _Cancels:
     """The child's cancellations: the execution ids its parent sent, and the flag of the
     one running. A cancellation may be read before its run (two pipes, two readers) or
     after it ended: each side checks the other's latest, so neither order loses it and a
-    late one never reaches the next run."""
+    late one never reaches the next run (the reader takes the flag before it compares
+    the running id, which the run sets after its flag and clears when it ends)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.current: str | None = None
+        self.current: UUID | None = None
         self.flag = threading.Event()
-        self.last_cancelled: str | None = None
+        self.last_cancelled: UUID | None = None
 
-    def running(self, execution_id: str | None) -> threading.Event:
-        self.flag = threading.Event()  # a fresh flag: a late set of the last one is harmless
+    def running(self, execution_id: UUID) -> threading.Event:
+        flag = self.flag = threading.Event()  # a fresh flag: a late set of the last one is harmless
         self.current = execution_id
-        if execution_id is not None and execution_id == self.last_cancelled:
-            self.flag.set()
-        return self.flag
+        if execution_id == self.last_cancelled:
+            flag.set()
+        return flag
+
+    def finished(self) -> None:
+        self.current = None
 
     def read(self) -> None:
-        with contextlib.suppress(EOFError, OSError):
+        with contextlib.suppress(EOFError, OSError, ValueError):
             while True:
-                execution_id = self.conn.recv_bytes().decode()
+                execution_id = UUID(self.conn.recv_bytes().decode())
                 self.last_cancelled = execution_id
+                flag = self.flag
                 if execution_id == self.current:
-                    self.flag.set()
+                    flag.set()
 
 
-def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.Event) -> bytes:
-    """The `done` reply to one run (the result's JSON is spliced in, not encoded twice)."""
-    spec = REGISTRY.get(message["handler"])
+def _run_in_child(run: RunMessage, fd: int, cancel: threading.Event) -> bytes:
+    """The `done` line of one run (the result's JSON is spliced in, not encoded twice)."""
+    spec = REGISTRY.get(run.handler)
     if spec is None:
-        return _done("PERMANENTLY_FAILED", error=f"unknown handler {message['handler']!r}")
+        return _done("PERMANENTLY_FAILED", error=f"unknown handler {run.handler!r}")
 
     def progress(percent: float, text: str | None) -> None:
-        conn.send_bytes(json.dumps({"op": "progress", "percent": percent,
-                                    "message": text}).encode())
+        _send(fd, _encode(("progress", percent, text)) + b"\n")
 
-    with telemetry.handler_span(message["handler"], job_id=message["job_id"],
-                                execution_id=message["execution_id"]) as traceparent:
+    with telemetry.handler_span(run.handler, telemetry.lone_traceparent(run.trace),
+                                job_id=run.job_id, execution_id=run.execution_id) as traceparent:
         ctx = Context(
-            execution_id=UUID(message["execution_id"]), job_id=message["job_id"],
-            run_id=UUID(message["run_id"]), attempt_number=message["attempt_number"],
-            idempotency_key=message["idempotency_key"],
-            scheduled_at=datetime.fromisoformat(message["scheduled_at"]),
-            params=message["params"], traceparent=traceparent,
+            execution_id=run.execution_id, job_id=run.job_id, run_id=run.run_id,
+            attempt_number=run.attempt_number, idempotency_key=run.idempotency_key,
+            scheduled_at=run.scheduled_at, params=run.params, traceparent=traceparent,
             _progress=progress, _cancel=cancel)
         try:
             result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
@@ -162,28 +210,32 @@ def _run_in_child(message: dict[str, Any], conn: Connection, cancel: threading.E
     encoded, problem = encode_result(result)
     if problem is not None or encoded is None:
         return _done("FAILED", error=problem or "no result")
-    status = "CANCELLED" if cancel.is_set() else "COMPLETED"
-    return b'{"op":"done","status":"%s","result":%s}' % (status.encode(), encoded.encode())
+    status = b"CANCELLED" if cancel.is_set() else b"COMPLETED"
+    return b'["done","%s",%s,null]\n' % (status, encoded.encode())
 
 
 def _done(status: str, error: str) -> bytes:
-    return json.dumps({"op": "done", "status": status, "error": error}).encode()
+    return _encode(("done", status, None, error)) + b"\n"
 
 
 def run_message(due: JobDue, trace: Headers | None) -> bytes:
-    """What the parent sends a child to run `due`: the parts of the execution its handler's
-    Context needs, from the JobDue the worker validated (the child does not decode it again)."""
-    return json.dumps({
-        "op": "run", "handler": due.job.handler, "execution_id": str(due.execution_id),
-        "job_id": due.job_id, "run_id": str(due.run_id), "attempt_number": due.attempt_number,
-        "idempotency_key": due.idempotency_key, "scheduled_at": due.scheduled_at.isoformat(),
-        "params": due.job.params,
-        "trace": [[k, v.decode("ascii", "replace")] for k, v in trace or []],
-    }, separators=(",", ":")).encode()
+    """The line that sends a child `due` to run (RunMessage)."""
+    return _encode(RunMessage(
+        due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
+        due.idempotency_key, due.scheduled_at, due.job.params, trace or [])) + b"\n"
 
 
-_TIMEOUT = {"op": "timeout"}  # what a run's timer settles it with
-_CANCEL = {"op": "cancel"}  # what its cancel signal settles it with (never sent)
+def _reply(line: bytes) -> list[Any]:
+    """A child's line, decoded (a result with NaN or Infinity, which Python's json writes
+    and msgspec refuses, through json)."""
+    try:
+        return msgspec.json.decode(line)  # type: ignore[no-any-return]
+    except msgspec.DecodeError:
+        return json.loads(line)  # type: ignore[no-any-return]
+
+
+_TIMEOUT = ["timeout"]  # what a run's timer settles it with
+_CANCEL = ["cancel"]  # what its cancel signal settles it with (never sent)
 
 
 # -- the parent side ---------------------------------------------------------------------
@@ -201,6 +253,8 @@ class Child:
         cancels_in, cancels_out = ctx.Pipe(duplex=False)
         self.conn: Connection = parent_end
         self.cancels: Connection = cancels_out
+        self._fd = parent_end.fileno()
+        self._partial = b""  # the start of a line still being read
         self.process = ctx.Process(target=child_main,
                                    args=(child_end, cancels_in, imports, allow_shell),
                                    daemon=True, name="cronstream-handler")
@@ -210,7 +264,7 @@ class Child:
         self.executions = 0
         self.dead = False  # killed, or its pipe closed: replaced, never run again
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reply: asyncio.Future[dict[str, Any] | None] | None = None
+        self._reply: asyncio.Future[list[Any] | None] | None = None
         self._progress: ProgressFn | None = None
         self.run_started = 0.0
         self._naps = 0  # looks of the pool in a row that found this process asleep
@@ -218,30 +272,38 @@ class Child:
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
             self._loop = loop
-            loop.add_reader(self.conn.fileno(), self._readable)
+            loop.add_reader(self._fd, self._readable)
 
     def _unwatch(self) -> None:
         if self._loop is not None:
             with contextlib.suppress(ValueError, OSError):
-                self._loop.remove_reader(self.conn.fileno())
+                self._loop.remove_reader(self._fd)
             self._loop = None
 
     def _readable(self) -> None:
-        """One message (the loop calls again while more is readable)."""
+        """The lines the child has written (one read: the loop calls again while more is
+        readable)."""
         try:
-            message = json.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
+            data = os.read(self._fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # its end closed: the process is gone
             self.dead = True
             self._unwatch()
             self._settle(None)
             return
-        if message["op"] == "progress":
-            if self._progress is not None:
-                self._progress(float(message["percent"]), message.get("message"))
-        else:
-            self._settle(message)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            message = _reply(line)
+            if message[0] == "progress":
+                if self._progress is not None:
+                    self._progress(float(message[1]), message[2])
+            else:
+                self._settle(message)
 
-    def _settle(self, message: dict[str, Any] | None) -> None:
+    def _settle(self, message: list[Any] | None) -> None:
         reply = self._reply
         if reply is not None and not reply.done():
             reply.set_result(message)
@@ -296,7 +358,7 @@ class Child:
         cancel.on_set(loop, cancelled)
         cancelled_at: float | None = None
         try:
-            self.conn.send_bytes(run_message(due, trace))
+            _send(self._fd, run_message(due, trace))
             while True:
                 message = await reply
                 if message is _CANCEL:
@@ -334,12 +396,12 @@ class Child:
                                           "the handler was killed")
 
 
-def _outcome(message: dict[str, Any], cancelled: bool) -> Outcome:
-    status = message["status"]
+def _outcome(message: list[Any], cancelled: bool) -> Outcome:
+    _, status, result, error = message
     if cancelled and status in ("COMPLETED", "FAILED"):
         status = "CANCELLED"
-    return Outcome(status, result=message.get("result"), error=message.get("error") or
-                   ("cancelled" if status == "CANCELLED" else None))
+    return Outcome(status, result=result,
+                   error=error or ("cancelled" if status == "CANCELLED" else None))
 
 
 # Processes a pool starts with; it starts more as runs need them, up to its size.

@@ -54,6 +54,16 @@ def wait_for_cancel(ctx: Context) -> dict[str, Any]:
     return {"cancelled": ctx.wait_cancelled(float(ctx.params.get("seconds", 60)))}
 
 
+@handler("test.context")
+def context(ctx: Context) -> dict[str, Any]:
+    """Reports progress with params.message, then returns what its Context holds."""
+    ctx.report_progress(50, ctx.params.get("message"))
+    return {"execution_id": str(ctx.execution_id), "job_id": ctx.job_id, "run_id": str(ctx.run_id),
+            "attempt_number": ctx.attempt_number, "idempotency_key": ctx.idempotency_key,
+            "scheduled_at": ctx.scheduled_at.isoformat(), "params": ctx.params,
+            "traceparent": ctx.traceparent}
+
+
 @handler("test.refuse")
 def refuse(ctx: Context) -> None:
     from cronstream import NonRetryableError

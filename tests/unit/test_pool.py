@@ -1,6 +1,7 @@
 """The process pool without Kafka: a cancellation reaches the handler that runs (which
 returns, and its process lives on), one that arrives after its execution ended never
-touches the next run of that process, and results come back as the handler returned them."""
+touches the next run of that process, and what a handler is given and returns crosses the
+pipe intact."""
 
 from __future__ import annotations
 
@@ -76,6 +77,39 @@ def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp
             child.kill()
 
     asyncio.run(scenario())
+
+
+def test_a_run_reaches_its_handler_and_comes_back_exactly() -> None:
+    """The Context a pool handler gets is the execution's (ids, attempt, key, an aware
+    scheduled_at, params with line breaks and nesting, the trace it runs under); its
+    progress and its result come back as it sent them."""
+    params = {"message": "two\nlines \u2028 ü \"quoted\"", "nested": {"x": [1, 2.5, None, True]}}
+    traceparent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    due = JobDue(execution_id=uuid.uuid4(), job_id="job-7", run_id=uuid.uuid4(),
+                 scheduled_at=datetime(2026, 12, 1, 2, 3, 4, 567891, tzinfo=UTC), reason="RETRY",
+                 attempt_number=3, idempotency_key="key-3",
+                 job=JobSnapshot(handler="test.context", params=params, timeout_seconds=60))
+    reports: list[tuple[float, str | None]] = []
+
+    async def scenario() -> Any:
+        runner = PoolRunner(REGISTRY, 1, [HANDLERS])
+        await runner.start()
+        try:
+            trace = [("traceparent", traceparent.encode()), ("x-empty", None)]
+            return await asyncio.wait_for(runner.run(
+                due, lambda percent, text: reports.append((percent, text)), CancelSignal(),
+                trace), 30)  # type: ignore[arg-type]  (a Kafka header's value may be None)
+        finally:
+            await runner.close()
+
+    outcome = asyncio.run(scenario())
+    assert outcome.status == "COMPLETED", outcome
+    assert outcome.result == {
+        "execution_id": str(due.execution_id), "job_id": "job-7", "run_id": str(due.run_id),
+        "attempt_number": 3, "idempotency_key": "key-3",
+        "scheduled_at": "2026-12-01T02:03:04.567891+00:00", "params": params,
+        "traceparent": traceparent}
+    assert reports == [(50.0, params["message"])]
 
 
 def test_the_pool_starts_few_processes_and_grows_with_the_runs_that_wait(tmp_path: Path) -> None:
