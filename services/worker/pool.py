@@ -602,28 +602,34 @@ class PoolRunner:
         self._children.clear()
         self._idle.clear()
 
-    def run_now(self, due: JobDue, progress: ProgressFn, traceparent: str | None = None
+    def run_now(self, due: JobDue, progress: ProgressFn, trace: Headers | None = None
                 ) -> Outcome | None:
         """The outcome of a run that needs no waiting, on the spot: an unknown handler, or
         an inline synchronous one (called here, on the event loop it must not block,
-        inside the caller's trace context; `traceparent` is that context's when the caller
-        knows it). None for the others: `run` them. No task, no second context per
-        execution: a no-op's whole run is a function call."""
+        inside the context of the trace headers `trace`, when given: its log lines carry
+        the trace id). None for the others, without a look at their headers: `run` them.
+        No task, no second context per execution: a no-op's whole run is a function call."""
         spec = self.registry.get(due.job.handler)
         if spec is None:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if not spec.inline or spec.is_async:
             return None
-        return _run_now(spec.func, due, progress, traceparent)
+        if trace is None:
+            return _run_now(spec.func, due, progress, None)
+        with telemetry.attached(trace):
+            return _run_now(spec.func, due, progress, telemetry.lone_traceparent(trace))
 
     async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
-        """Run `due` to its outcome (inside the caller's trace context)."""
+        """Run `due` to its outcome: an inline handler inside the context of the trace
+        headers `trace` (its span and log lines join the trace), a pool one in a process
+        that attaches them itself (the parent does not)."""
         spec = self.registry.get(due.job.handler)
         if spec is None:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if spec.inline:
-            return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
+            with telemetry.attached(trace):
+                return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
         child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)

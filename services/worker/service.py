@@ -72,7 +72,7 @@ from cronstream.shared.producers import (
 )
 from cronstream.shared.records import PRIORITIES, JobDue, WorkerStatus, now_utc
 from cronstream.shared.settings import Settings
-from cronstream.shared.telemetry import Headers, Hop, attached, lone_traceparent, messaging, recording
+from cronstream.shared.telemetry import Headers, Hop, attached, messaging, recording
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    def run_now(self, due: JobDue, progress: Any, traceparent: str | None = None
+    def run_now(self, due: JobDue, progress: Any, trace: Headers | None = None
                 ) -> Outcome | None: ...
 
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
@@ -455,12 +455,11 @@ class WorkerService:
         """The outcome of a run the runner settles on the spot (an inline synchronous
         handler, an unknown one); None when it must be awaited (`_execute`)."""
         try:
-            with attached(run.headers):  # its log lines carry its trace_id
-                return self.runner.run_now(run.due, partial(self._progress, run),
-                                           lone_traceparent(run.headers))
+            return self.runner.run_now(run.due, partial(self._progress, run), run.headers)
         except Exception as exc:
-            logger.exception("runner failed", extra={"action": "runner_failed",
-                                                     "execution_id": str(run.due.execution_id)})
+            with attached(run.headers):  # the log line carries its trace_id
+                logger.exception("runner failed", extra={"action": "runner_failed",
+                                                         "execution_id": str(run.due.execution_id)})
             return Outcome("FAILED", error=f"worker error: {exc}")
 
     async def _execute(self, run: Running) -> None:
@@ -469,11 +468,11 @@ class WorkerService:
             self._loop.call_soon_threadsafe(self._progress, run, percent, message)
 
         try:
-            with attached(run.headers):  # its log lines carry its trace_id
-                outcome = await self.runner.run(run.due, progress, run.cancel, run.headers)
+            outcome = await self.runner.run(run.due, progress, run.cancel, run.headers)
         except Exception as exc:
-            logger.exception("runner failed", extra={"action": "runner_failed",
-                                                     "execution_id": str(run.due.execution_id)})
+            with attached(run.headers):  # the log line carries its trace_id
+                logger.exception("runner failed", extra={"action": "runner_failed",
+                                                         "execution_id": str(run.due.execution_id)})
             outcome = Outcome("FAILED", error=f"worker error: {exc}")
         self._finished.append(Finished(run, outcome, now_utc()))
         self._wake.set()

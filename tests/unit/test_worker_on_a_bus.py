@@ -39,7 +39,7 @@ class HeldRunner:
     async def close(self) -> None:
         return None
 
-    def run_now(self, due: JobDue, progress: Any, traceparent: str | None = None) -> Outcome | None:
+    def run_now(self, due: JobDue, progress: Any, trace: Any = None) -> Outcome | None:
         return None  # every run is held: awaited
 
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
