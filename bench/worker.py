@@ -5,6 +5,9 @@
 
 - pool_overhead: per-execution cost of the kill-able process-pool runner, against the
   same no-op run inline (no Kafka: the runner alone).
+- pool_cpu: CPU per execution of the pool path (the worker's side and its processes'),
+  a no-op in the pool 64 runs at a time, and the floor under it: the CPU of one bare
+  round trip between two processes over a socket pair.
 - dispatch_throughput: a backlog of JobDue records through one dispatcher and two
   workers; executions/s until every COMPLETED event is visible, for a no-op inline and
   a no-op in the pool.
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
+import socket
 import sys
 import threading
 import time
@@ -68,6 +73,78 @@ def pool_overhead() -> dict[str, Any]:
             "pool_overhead_us_per_execution": round((pool - inline) / n * 1e6, 1)}
 
 
+def _process_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _round_trip_us(n: int, parent_cpu: int, child_cpu: int) -> dict[str, float]:
+    """CPU of one write-and-answer between two processes pinned to the given CPUs (both
+    sides), no Python work: the floor under a pool run."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {child_cpu})
+        ours.close()
+        while data := os.read(theirs.fileno(), 65536):
+            os.write(theirs.fileno(), data)
+        os._exit(0)
+    theirs.close()
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {parent_cpu})
+    line = b"x" * 200
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(n):
+        os.write(ours.fileno(), line)
+        os.read(ours.fileno(), 65536)
+    after, child = resource.getrusage(resource.RUSAGE_SELF), _process_cpu(pid)
+    os.sched_setaffinity(0, affinity)
+    ours.close()
+    os.waitpid(pid, 0)
+    parent = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"parent": round(parent / n * 1e6, 1), "child": round(child / n * 1e6, 1)}
+
+
+def pool_cpu() -> dict[str, Any]:
+    n = int(os.environ.get("BENCH_EXECUTIONS", "30000"))
+    batch = 64
+    cpus = sorted(os.sched_getaffinity(0))
+
+    async def measure() -> dict[str, Any]:
+        runner = PoolRunner(REGISTRY, batch, ["bench.handlers"], cpus=2)
+        await runner.start()
+        try:
+            dues = [_due("bench.echo", i) for i in range(n + 2000)]
+            await asyncio.gather(*(runner.run(d, lambda p, m: None, CancelSignal()) for d in dues[:2000]))
+            pids = [child.pid for child in runner._children]
+            children = sum(map(_process_cpu, pids))
+            before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for i in range(2000, n + 2000, batch):
+                outcomes = await asyncio.gather(*(runner.run(d, lambda p, m: None, CancelSignal())
+                                                  for d in dues[i:i + batch]))
+                assert all(o.status == "COMPLETED" for o in outcomes), outcomes[:3]
+            elapsed, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
+            assert [child.pid for child in runner._children][:len(pids)] == pids, "the pool changed"
+            children = sum(map(_process_cpu, [child.pid for child in runner._children])) - children
+            parent = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            return {"processes": len(runner._children),
+                    "executions_per_second": round(n / elapsed),
+                    "cpu_us_per_execution": {"worker": round(parent / n * 1e6, 1),
+                                             "processes": round(children / n * 1e6, 1),
+                                             "total": round((parent + children) / n * 1e6, 1)}}
+        finally:
+            await runner.close()
+
+    return {"params": {"executions": n, "runs_at_a_time": batch, "handler": "bench.echo"},
+            **asyncio.run(measure()),
+            # Waking a process on the other CPU costs far more than on the same one (on a
+            # VM, an interprocessor interrupt, often to an idle CPU).
+            "round_trip_cpu_us": {
+                "same_cpu": _round_trip_us(n, cpus[0], cpus[0]),
+                "other_cpu": _round_trip_us(n, cpus[0], cpus[-1]) if len(cpus) > 1 else None}}
+
+
 def dispatch_throughput() -> dict[str, Any]:
     n = int(os.environ.get("BENCH_BACKLOG", "30000"))
     figures: dict[str, Any] = {"params": {"backlog": n, "workers": 2}}
@@ -113,7 +190,7 @@ def dispatch_throughput() -> dict[str, Any]:
     return figures
 
 
-BENCHES = {"pool_overhead": pool_overhead, "dispatch_throughput": dispatch_throughput}
+BENCHES = {"pool_overhead": pool_overhead, "pool_cpu": pool_cpu, "dispatch_throughput": dispatch_throughput}
 
 
 def main(names: list[str] | None = None) -> None:
