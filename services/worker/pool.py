@@ -13,7 +13,7 @@ over two pipes, in JSON — never pickle. On the first, one JSON array per line:
 
 A run is one write and, in the child, one read: msgspec decodes it straight into the
 Context's types (UUIDs, an aware datetime, the trace headers' bytes), and each side reads
-whatever lines have arrived with one system call (docs/decisions/0020). The child's main
+whatever lines have arrived with one system call (docs/decisions/0024). The child's main
 thread reads its runs itself: an execution costs one wake-up of the child, not a reader
 thread's and then the main thread's. Cancellations, rare, come on their own pipe, read by
 a thread that sleeps until one does; it names its execution, so one that arrives late
