@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 import uuid
@@ -118,3 +119,23 @@ def test_event_ids_are_version_7_uuids_in_the_order_they_were_made() -> None:
         assert before <= parsed.int >> 80 <= after, "the first 48 bits are Unix milliseconds"
     assert all(uuid.UUID(value).bytes < uuid.UUID(later).bytes for value in first)
     assert new_event_id().version == 7
+
+
+def test_event_ids_do_not_follow_the_random_module_or_repeat_in_a_forked_child() -> None:
+    # An inline handler runs in the worker's process: seeding `random` there must not make
+    # two workers (or two runs) write the same event ids.
+    random.seed(42)
+    first = fast_uuid7()
+    random.seed(42)
+    assert fast_uuid7()[14:] != first[14:], "the random part follows random.seed"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.write(write, " ".join(fast_uuid7() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        theirs = {value[14:] for value in pipe.read().split()}
+    ours = {fast_uuid7()[14:] for _ in range(100)}
+    assert len(theirs) == 100 and not theirs & ours, "a forked child repeats its parent's ids"
