@@ -14,6 +14,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
@@ -46,9 +47,10 @@ class Running:
     def trace_id(self) -> str | None:
         return trace_id(self.hop.traceparent)
 
-    @property
+    @cached_property
     def exemplar(self) -> dict[str, str] | None:
-        """The execution's trace id, attached to its histogram samples (docs/metrics.md)."""
+        """The execution's trace id, attached to its histogram samples (docs/metrics.md);
+        found once for both (start lag, run time)."""
         trace = self.trace_id
         return {"trace_id": trace} if trace else None
 

@@ -151,3 +151,28 @@ def test_a_failing_background_task_is_restarted_and_one_that_keeps_failing_ends_
         assert not live and "broken failed 2 times" in why
 
     asyncio.run(scenario())
+
+
+def test_a_loop_histogram_exports_what_a_histogram_does() -> None:
+    """The worker's lock-free histograms (start lag, run time) must look exactly like
+    prometheus_client's to Prometheus: buckets, count, sum, created, and each bucket's
+    latest exemplar, in both text formats."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    def exposition(kind: type[Histogram]) -> tuple[str, str]:
+        registry = CollectorRegistry()
+        histogram = kind("cronstream_test_seconds", "A test.", ["queue"],
+                         buckets=metrics.LATENCY_BUCKETS, registry=registry)
+        for i, value in enumerate([0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 2.5, 59.9, 60.0, 61.0, 1e9]):
+            child = histogram.labels(queue="a" if i % 3 else "b")
+            child.observe(value, {"trace_id": f"{i:032x}"} if i % 2 else None)
+        scrubbed = []
+        for text in (generate_latest(registry).decode(), openmetrics(registry).decode()):
+            undated = re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text)  # when each was made
+            scrubbed.append(re.sub(r"(# \{trace_id=\"[0-9a-f]+\"\} \S+) \S+", r"\1 T", undated))
+        return scrubbed[0], scrubbed[1]
+
+    ours, theirs = exposition(metrics.LoopHistogram), exposition(Histogram)
+    assert ours == theirs
+    assert '# {trace_id="' in ours[1] and "_created" in ours[0]
