@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo
 from cronstream.shared.cron import CronExpression, parse_cron
 from cronstream.shared.records import JobDefinition, zone_named
 
-__all__ = ["StoredTiming", "Timing", "first_fire", "from_epoch_ms", "next_fire", "to_epoch_ms",
-           "to_millis", "upcoming"]
+__all__ = ["StoredTiming", "Timing", "first_fire", "from_epoch_ms", "next_fire",
+           "next_interval_fire_ms", "to_epoch_ms", "to_millis", "upcoming"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -136,6 +136,31 @@ def first_fire(
     if last_fire is not None and last_fire > after:
         after = last_fire
     return next_fire(definition, after)
+
+
+@lru_cache(maxsize=4096)
+def _bounds_us(start: datetime | None, end: datetime | None) -> tuple[int | None, int | None]:
+    us = timedelta(microseconds=1)
+    return (None if start is None else (start - _EPOCH) // us,
+            None if end is None else (end - _EPOCH) // us)
+
+
+def next_interval_fire_ms(interval_seconds: int, start: datetime | None, end: datetime | None,
+                          after_ms: int) -> int | None:
+    """`next_fire` of an INTERVAL definition, in epoch milliseconds, without building a
+    datetime: the scheduler computes one per fire (tests/unit/test_schedule.py holds the
+    two equal)."""
+    start_us, end_us = _bounds_us(start, end)
+    after_us = after_ms * 1000
+    if start_us is not None and after_us < start_us:
+        after_us = start_us - 1000  # fires at start_at itself are allowed
+    anchor_us = 0 if start_us is None else start_us - start_us % 1000
+    step_us = interval_seconds * 1_000_000
+    delta_us = after_us - anchor_us
+    fire_us = anchor_us + (delta_us // step_us + 1 if delta_us >= 0 else 0) * step_us
+    if end_us is not None and fire_us > end_us:
+        return None
+    return fire_us // 1000
 
 
 def _next_on_grid(anchor: datetime, interval_seconds: int, after: datetime) -> datetime:

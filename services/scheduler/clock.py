@@ -43,7 +43,7 @@ from cronstream.shared.dag import dag_problem
 from cronstream.shared.ids import fast_uuid5, given_idempotency_key, wire_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import JobDefinition, JobSnapshot, RetryRequest
-from cronstream.shared.schedule import first_fire, next_fire
+from cronstream.shared.schedule import first_fire, next_fire, next_interval_fire_ms
 from cronstream.shared.schedule import from_epoch_ms as from_ms
 from cronstream.shared.schedule import to_epoch_ms as to_ms
 
@@ -403,11 +403,10 @@ class Clock:
 
     @staticmethod
     def _following(definition: JobDefinition, after_ms: int) -> int | None:
-        """The next fire after `after_ms`. The common INTERVAL case stays in integers."""
-        if (definition.type == "INTERVAL" and definition.start_at is None
-                and definition.end_at is None and definition.interval_seconds is not None):
-            step = definition.interval_seconds * 1000
-            return (after_ms // step + 1) * step
+        """The next fire after `after_ms`. INTERVAL jobs stay in integers."""
+        if definition.type == "INTERVAL" and definition.interval_seconds is not None:
+            return next_interval_fire_ms(definition.interval_seconds, definition.start_at,
+                                         definition.end_at, after_ms)
         fire = next_fire(definition, from_ms(after_ms))
         return None if fire is None else to_ms(fire)
 

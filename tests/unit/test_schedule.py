@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronstream.shared.records import JobDefinition
-from cronstream.shared.schedule import first_fire, next_fire, upcoming
+from cronstream.shared.schedule import (
+    first_fire,
+    from_epoch_ms,
+    next_fire,
+    next_interval_fire_ms,
+    to_epoch_ms,
+    upcoming,
+)
 
 
 def job(**fields: Any) -> JobDefinition:
@@ -28,6 +36,27 @@ def test_interval_grid_anchored_at_start_at_and_bounded_by_end_at() -> None:
     start = T0 + timedelta(milliseconds=250)
     d = job(type="INTERVAL", interval_seconds=10, start_at=start, end_at=start + timedelta(seconds=30))
     assert upcoming(d, T0 - timedelta(days=1), 10) == [start + timedelta(seconds=s) for s in (0, 10, 20, 30)]
+
+
+def test_the_scheduler_integer_interval_fire_equals_next_fire() -> None:
+    """The scheduler's per-fire path (epoch milliseconds) and next_fire agree, with
+    start_at and end_at to the microsecond, before, on and after them."""
+    rng = random.Random(16)
+    for _ in range(5000):
+        interval = rng.choice([1, 2, 7, 60, 3600, 86400 * 3])
+        start = end = None
+        if rng.random() < 0.7:
+            start = T0 + timedelta(microseconds=rng.randrange(-10**10, 10**10))
+        if rng.random() < 0.5:
+            base = start or T0
+            end = base + timedelta(microseconds=rng.randrange(1, 10**10))
+        d = job(type="INTERVAL", interval_seconds=interval, start_at=start, end_at=end)
+        pivot = to_epoch_ms(start or T0)
+        for after_ms in (pivot - 1, pivot, pivot + 1, pivot + rng.randrange(-10**7, 10**8),
+                         to_epoch_ms(end) if end else pivot + interval * 1000):
+            fire = next_fire(d, from_epoch_ms(after_ms))
+            assert next_interval_fire_ms(interval, start, end, after_ms) == (
+                None if fire is None else to_epoch_ms(fire)), (interval, start, end, after_ms)
 
 
 def test_interval_stays_on_its_utc_grid_across_a_dst_change() -> None:
