@@ -19,6 +19,7 @@ from importlib import metadata
 from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import metrics as client_metrics
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
@@ -26,7 +27,6 @@ from prometheus_client.utils import floatToGoString
 # Seconds: from a few milliseconds (fire lag, start lag) to minutes (handlers).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-
 
 
 class LoopHistogram(Histogram):
@@ -65,15 +65,9 @@ class LoopHistogram(Histogram):
         samples.append(Sample("_count", {}, cumulative, None, None))
         if self._upper_bounds[0] >= 0:
             samples.append(Sample("_sum", {}, self._total, None, None))
-        if _created_series():
+        if client_metrics._use_created:  # prometheus_client's switch for `_created`
             samples.append(Sample("_created", {}, self._created, None, None))
         return tuple(samples)
-
-
-def _created_series() -> bool:
-    """Whether histograms export `_created` (prometheus_client's own switch)."""
-    from prometheus_client import metrics as client_metrics
-    return bool(client_metrics._use_created)
 
 
 # -- every service ------------------------------------------------------------------------
