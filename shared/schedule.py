@@ -138,11 +138,7 @@ def first_fire(
     return next_fire(definition, after)
 
 
-@lru_cache(maxsize=4096)
-def _bounds_us(start: datetime | None, end: datetime | None) -> tuple[int | None, int | None]:
-    us = timedelta(microseconds=1)
-    return (None if start is None else (start - _EPOCH) // us,
-            None if end is None else (end - _EPOCH) // us)
+_US = timedelta(microseconds=1)
 
 
 def next_interval_fire_ms(interval_seconds: int, start: datetime | None, end: datetime | None,
@@ -150,7 +146,8 @@ def next_interval_fire_ms(interval_seconds: int, start: datetime | None, end: da
     """`next_fire` of an INTERVAL definition, in epoch milliseconds, without building a
     datetime: the scheduler computes one per fire (tests/unit/test_schedule.py holds the
     two equal)."""
-    start_us, end_us = _bounds_us(start, end)
+    start_us = None if start is None else (start - _EPOCH) // _US
+    end_us = None if end is None else (end - _EPOCH) // _US
     after_us = after_ms * 1000
     if start_us is not None and after_us < start_us:
         after_us = start_us - 1000  # fires at start_at itself are allowed
@@ -165,7 +162,7 @@ def next_interval_fire_ms(interval_seconds: int, start: datetime | None, end: da
 
 def _next_on_grid(anchor: datetime, interval_seconds: int, after: datetime) -> datetime:
     step_us = interval_seconds * 1_000_000
-    delta_us = (after - anchor) // timedelta(microseconds=1)
+    delta_us = (after - anchor) // _US
     k = delta_us // step_us + 1 if delta_us >= 0 else 0
     return anchor + timedelta(microseconds=k * step_us)
 
