@@ -60,17 +60,12 @@ CEILING_FRACTION = 0.95
 # per transaction (the start is committed before the handler runs), so one worker's
 # rate is at most concurrency / (turn time + handler time): with 64 slots and ~30 ms
 # turns, ~2,000 no-op executions/s per worker — that, not the machine, was the ceiling
-# (issue 16's note). Inline handlers are asyncio tasks: 256 slots cost nothing idle. Pool
-# handlers are a process per slot: 64 per worker.
-INLINE_CONCURRENCY = 256
-POOL_CONCURRENCY = 64
-
-
-def _concurrency(handler: str) -> int:
-    given = os.environ.get("BENCH_CONCURRENCY")
-    if given:
-        return int(given)
-    return INLINE_CONCURRENCY if handler == "noop" else POOL_CONCURRENCY
+# (issue 16's note). Idle slots cost nothing on either path: inline handlers are asyncio
+# tasks, and the process pool starts processes as its runs need them, no more than one
+# per CPU for handlers that compute (docs/decisions/0019), so 256 slots run the no-op
+# through the same two processes per worker as 64 did. With 64, the pool path was held
+# to ~2,600/s at 3,000/s offered by slots, its transactions ~64 starts each.
+CONCURRENCY = 256
 
 
 @dataclass
@@ -148,7 +143,7 @@ def _settle(settings: Settings, rate: int) -> dict[str, Any]:
 def run_rate(rate: int, seconds: int, handler: str = "noop", *, workers: int = 2,
              warmup: int = 10, tracing: bool = False) -> dict[str, Any]:
     """One offered rate on a fresh system; the figures of its window."""
-    concurrency = _concurrency(handler)
+    concurrency = int(os.environ.get("BENCH_CONCURRENCY") or CONCURRENCY)
     if tracing:
         with Receiver.serving(keep=False) as receiver:
             figures = _run_rate(rate, seconds, handler, workers=workers, concurrency=concurrency,
