@@ -634,6 +634,9 @@ class PoolRunner:
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
             child = await self._acquire()
+        if cancel.is_set():  # cancelled while it waited for a process: it never begins
+            self._release(child)
+            return Outcome("CANCELLED", error="cancelled before it started")
         try:
             return await child.run(due, progress, cancel, trace)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ def spin(ctx: Context) -> int:
     while time.monotonic() < until:
         n += 1
     return n
+
+
+@handler("test.exit")
+def exit_now(ctx: Context) -> None:
+    """Its process dies under it (as a segfault or the OOM killer would end it)."""
+    os._exit(3)
 
 
 @handler("test.write")

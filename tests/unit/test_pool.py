@@ -45,12 +45,6 @@ def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path)
                 _due("test.wait-for-cancel", seconds=60),
                 lambda percent, message: signal.set("cancelled by a person"), signal), 10)
             assert (outcome.status, outcome.result) == ("CANCELLED", {"cancelled": True})
-            # ... and before its process has even read the run (two pipes: either order).
-            early = CancelSignal()
-            early.set("cancelled at once")
-            outcome = await asyncio.wait_for(runner.run(
-                _due("test.wait-for-cancel", seconds=60), _ignore, early), 10)
-            assert (outcome.status, outcome.result) == ("CANCELLED", {"cancelled": True})
             after = await runner.run(_due("test.write", path=str(path)), _ignore, CancelSignal())
             assert (after.status, after.result) == ("COMPLETED", {"written": True})
             assert runner.replaced == 0, "the handlers returned: their process was not killed"
@@ -59,6 +53,23 @@ def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path)
 
     asyncio.run(scenario())
     assert len(path.read_text().splitlines()) == 1
+
+
+def test_a_cancellation_read_before_its_run_reaches_the_handler() -> None:
+    """Two pipes, two readers: the child may read a cancellation before the run it names."""
+    async def scenario() -> None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([FORKSERVER_SIGNALS, HANDLERS])
+        child = Child(context, [HANDLERS], False)
+        try:
+            due = _due("test.wait-for-cancel", seconds=60)
+            child.cancels.send_bytes(str(due.execution_id).encode())
+            outcome = await asyncio.wait_for(child.run(due, _ignore, CancelSignal()), 10)
+            assert outcome.result == {"cancelled": True}, outcome
+        finally:
+            child.kill()
+
+    asyncio.run(scenario())
 
 
 def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp_path: Path) -> None:
@@ -179,3 +190,59 @@ def test_handlers_that_compute_get_no_more_processes_than_cpus() -> None:
             await runner.close()
 
     asyncio.run(scenario())
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_process_that_dies_or_is_killed_takes_only_its_own_run_with_it(tmp_path: Path) -> None:
+    """Runs waiting for the process of a run that dies under it, or is killed at its
+    timeout, run in its replacement, once each."""
+    async def scenario() -> None:
+        runner = PoolRunner(REGISTRY, 1, [HANDLERS])
+        await runner.start()
+        try:
+            for ender, expected in (("test.exit", "FAILED"), ("test.block", "TIMED_OUT")):
+                due = _due(ender)
+                due = due.model_copy(update={"job": due.job.model_copy(update={"timeout_seconds": 0.5})})
+                ended = asyncio.ensure_future(runner.run(due, _ignore, CancelSignal()))
+                behind = [asyncio.ensure_future(runner.run(
+                    _due("test.write", path=str(tmp_path / f"{ender}-{i}")), _ignore, CancelSignal()))
+                    for i in range(3)]
+                outcomes = await asyncio.wait_for(asyncio.gather(ended, *behind), 60)
+                assert [o.status for o in outcomes] == [expected, *["COMPLETED"] * 3], outcomes
+            assert runner.replaced == 2
+        finally:
+            await runner.close()
+
+    asyncio.run(scenario())
+    for ender in ("test.exit", "test.block"):
+        for i in range(3):
+            assert len(_lines(tmp_path / f"{ender}-{i}")) == 1
+
+
+def test_a_run_cancelled_while_it_waits_for_a_process_never_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        runner = PoolRunner(REGISTRY, 1, [HANDLERS])
+        await runner.start()
+        try:
+            long_signal, waiting_signal = CancelSignal(), CancelSignal()
+            long = asyncio.ensure_future(runner.run(_due("test.wait-for-cancel", seconds=60),
+                                                    _ignore, long_signal))
+            waiting = asyncio.ensure_future(runner.run(_due("test.write", path=str(tmp_path / "never")),
+                                                       _ignore, waiting_signal))
+            waiting_signal.set("cancelled by a person")
+            long_signal.set("test over")
+            assert (await asyncio.wait_for(long, 10)).status == "CANCELLED"
+            outcome = await asyncio.wait_for(waiting, 10)
+            assert (outcome.status, outcome.error) == ("CANCELLED", "cancelled before it started")
+            after = await asyncio.wait_for(runner.run(
+                _due("test.write", path=str(tmp_path / "after")), _ignore, CancelSignal()), 10)
+            assert after.status == "COMPLETED"
+        finally:
+            await runner.close()
+
+    asyncio.run(scenario())
+    assert not (tmp_path / "never").exists()
+    assert len(_lines(tmp_path / "after")) == 1
