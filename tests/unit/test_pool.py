@@ -21,11 +21,18 @@ from cronstream.shared.records import JobDue, JobSnapshot
 HANDLERS = "tests.e2e.handlers_for_tests"
 
 
-def _due(handler: str, **params: Any) -> JobDue:
+def _due(handler: str, timeout_seconds: float = 60, **params: Any) -> JobDue:
     return JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
                   scheduled_at=datetime(2026, 12, 1, tzinfo=UTC), reason="SCHEDULE",
                   idempotency_key="k", job=JobSnapshot(handler=handler, params=params,
-                                                       timeout_seconds=60))
+                                                       timeout_seconds=timeout_seconds))
+
+
+def _child() -> Child:
+    """One pool process on its own, outside a PoolRunner."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([FORKSERVER_SIGNALS, HANDLERS])
+    return Child(context, [HANDLERS], False)
 
 
 def _ignore(percent: float, message: str | None) -> None:
@@ -58,9 +65,7 @@ def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path)
 def test_a_cancellation_read_before_its_run_reaches_the_handler() -> None:
     """Two pipes, two readers: the child may read a cancellation before the run it names."""
     async def scenario() -> None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([FORKSERVER_SIGNALS, HANDLERS])
-        child = Child(context, [HANDLERS], False)
+        child = _child()
         try:
             due = _due("test.wait-for-cancel", seconds=60)
             child.cancels.send_bytes(str(due.execution_id).encode())
@@ -74,9 +79,7 @@ def test_a_cancellation_read_before_its_run_reaches_the_handler() -> None:
 
 def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp_path: Path) -> None:
     async def scenario() -> None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([FORKSERVER_SIGNALS, HANDLERS])
-        child = Child(context, [HANDLERS], False)
+        child = _child()
         try:
             first = _due("test.write", path=str(tmp_path / "first.txt"))
             assert (await child.run(first, _ignore, CancelSignal())).status == "COMPLETED"
@@ -204,9 +207,8 @@ def test_a_process_that_dies_or_is_killed_takes_only_its_own_run_with_it(tmp_pat
         await runner.start()
         try:
             for ender, expected in (("test.exit", "FAILED"), ("test.block", "TIMED_OUT")):
-                due = _due(ender)
-                due = due.model_copy(update={"job": due.job.model_copy(update={"timeout_seconds": 0.5})})
-                ended = asyncio.ensure_future(runner.run(due, _ignore, CancelSignal()))
+                ended = asyncio.ensure_future(runner.run(_due(ender, timeout_seconds=0.5), _ignore,
+                                                         CancelSignal()))
                 behind = [asyncio.ensure_future(runner.run(
                     _due("test.write", path=str(tmp_path / f"{ender}-{i}")), _ignore, CancelSignal()))
                     for i in range(3)]
