@@ -26,7 +26,7 @@ from cronstream.services.worker.pool import PoolRunner
 from cronstream.services.worker.runner import Outcome
 from cronstream.shared import telemetry
 from cronstream.shared.codec import decode
-from cronstream.shared.fast_records import decode_event
+from cronstream.shared.fast_records import decode_due, decode_event
 from cronstream.shared.records import ExecutionEvent, JobDefinition, JobDue, JobSnapshot, now_utc
 from cronstream.shared.schedule import StoredTiming, next_fire
 from cronstream.shared.settings import Settings
@@ -98,6 +98,9 @@ def per_execution() -> dict[str, Any]:
         "model_decode_queued": _us(lambda: [decode(ExecutionEvent, v) for v in queued]),
         "model_decode_running": _us(lambda: [decode(ExecutionEvent, v) for v in running]),
         "model_decode_completed": _us(lambda: [decode(ExecutionEvent, v) for v in completed]),
+        # The dispatcher's decoder of JobDue records (the same rules), and the model's,
+        # which the worker still uses.
+        "dispatcher_decode_job_due": _us(lambda: [decode_due(v, b"bench-000123") for v in raw_dues]),
         "worker_decode_job_due": _us(lambda: [decode(JobDue, v, key=b"bench-000123", key_field="job_id")
                                               for v in raw_dues]),
         "worker_running_record": _us(lambda: [reporter.running(r) for r in runs]),

@@ -1,5 +1,5 @@
-"""A faster decoder for the execution events every execution goes through, which never
-accepts what the model refuses (docs/decisions/0018).
+"""Faster decoders for the execution events and the JobDue records every execution goes
+through, which never accept what the model refuses (docs/decisions/0018).
 
 The monitor decodes three events per execution (QUEUED, RUNNING, COMPLETED); validating
 them with the pydantic models was a fifth of its CPU. `decode_event` reads them with
@@ -20,7 +20,10 @@ reason. The fast path only ever *narrows* what is accepted:
   so does a record with a time of more than six decimals anywhere (msgspec rounds the
   seventh, the model truncates).
 
-`tests/unit/test_fast_records.py` holds the two to each other: the same fields and
+`decode_due` reads a JobDue the same way into `FastDue`, for the dispatcher (every reason
+takes the fast path; the checks above all apply).
+
+`tests/unit/test_fast_records.py` holds each pair together: the same fields and
 defaults, and over valid records and thousands of mutated ones, a fast accept only where
 the model accepts, with equal values.
 """
@@ -46,11 +49,13 @@ from cronstream.shared.records import (
     DueReason,
     ExecutionEvent,
     ExecutionStatus,
+    JobDue,
     Priority,
 )
 from cronstream.shared.statuses import TERMINAL
 
-__all__ = ["FAST_STATUSES", "EventRecord", "FastEvent", "FastSnapshot", "decode_event"]
+__all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", "FastSnapshot",
+           "decode_due", "decode_event"]
 
 _ZERO = timedelta(0)
 # Larger than this, a `result` or `params` could be over its limit: the model measures.
@@ -89,6 +94,10 @@ class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         """The snapshot's JSON, as JobSnapshot.model_dump_json writes it."""
         return msgspec.json.encode(self).decode()
 
+    def to_json(self) -> bytes:
+        """The same as bytes, as JobSnapshot.to_json writes it."""
+        return msgspec.json.encode(self)
+
 
 class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """records.ExecutionEvent, field for field, in its order (read only: nothing is
@@ -125,10 +134,30 @@ class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return self.status in TERMINAL
 
 
+class FastDue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.JobDue, field for field, in its order. What the dispatcher reads of a
+    JobDue (it publishes the record's own bytes onwards, never this one re-encoded)."""
+
+    schema_version: Literal[1] = 1
+    execution_id: UUID
+    job_id: JobId
+    run_id: UUID
+    scheduled_at: Instant
+    attempt_number: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 1
+    reason: DueReason
+    delivery: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    job: FastSnapshot
+    approved_by: Actor | None = None
+
+
 # What the monitor holds of a decoded event: the fast record, or the model for the rest.
 EventRecord = ExecutionEvent | FastEvent
+# What the dispatcher holds of a decoded JobDue, the same way.
+DueRecord = JobDue | FastDue
 
 _EVENTS = msgspec.json.Decoder(FastEvent)
+_DUES = msgspec.json.Decoder(FastDue)
 _FINER_THAN_MICROSECONDS = re.compile(rb":\d\d\.\d{7}")
 
 
@@ -136,9 +165,15 @@ def _in_range(value: datetime | None) -> bool:
     return value is None or (value.utcoffset() == _ZERO and EARLIEST <= value <= LATEST)
 
 
+def _takes(value: bytes, key: bytes | None) -> bool:
+    """Whether the fast path may read the record at all (its size, key and times)."""
+    return not (len(value) > FAST_MAX_BYTES or key is None
+                or _FINER_THAN_MICROSECONDS.search(value))
+
+
 def _fast(value: bytes, key: bytes | None) -> FastEvent | None:
     """The event, when the fast path can take it whole; None: the model decides."""
-    if len(value) > FAST_MAX_BYTES or key is None or _FINER_THAN_MICROSECONDS.search(value):
+    if not _takes(value, key):
         return None
     try:
         event = _EVENTS.decode(value)
@@ -158,6 +193,21 @@ def decode_event(value: bytes | None, key: bytes | None) -> ExecutionEvent | Fas
         if event is not None:
             return event
     return decode(ExecutionEvent, value, key=key, key_field="job_id")
+
+
+def decode_due(value: bytes | None, key: bytes | None) -> JobDue | FastDue:
+    """A JobDue (key: its job_id) as a FastDue, or through the model as a JobDue, or
+    DecodeError with the model's reason: `decode_event`'s rules for a JobDue, whose
+    every reason takes the fast path."""
+    if value is not None and _takes(value, key):
+        try:
+            due = _DUES.decode(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            if key == due.job_id.encode() and _in_range(due.scheduled_at):
+                return due
+    return decode(JobDue, value, key=key, key_field="job_id")
 
 
 __all__ += ["DecodeError"]

@@ -37,6 +37,7 @@ from cronstream.shared.topics import Topics
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=Record)
+R = TypeVar("R")
 
 DLQ_TOPIC = "cronstream.dlq.topic"
 DLQ_PARTITION = "cronstream.dlq.partition"
@@ -100,6 +101,15 @@ class Batch:
         """The record as `model`, or None after dead-lettering it with the reason."""
         try:
             return decode(model, msg.value(), key=msg.key(), key_field=key_field)
+        except DecodeError as exc:
+            self.reject(msg, str(exc))
+            return None
+
+    def read(self, reader: Callable[[bytes | None, bytes | None], R], msg: Message) -> R | None:
+        """The record as `reader(value, key)` decodes it (a fast decoder, which raises
+        DecodeError like `decode`), or None after dead-lettering it with the reason."""
+        try:
+            return reader(msg.value(), msg.key())
         except DecodeError as exc:
             self.reject(msg, str(exc))
             return None

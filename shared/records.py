@@ -27,7 +27,17 @@ from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from types import UnionType
-from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    Self,
+    Union,
+    get_args,
+    get_origin,
+)
 from uuid import UUID
 from zoneinfo import ZoneInfo, available_timezones
 
@@ -48,6 +58,9 @@ from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
 from cronstream.shared.ids import new_event_id
 from cronstream.shared.statuses import TERMINAL
+
+if TYPE_CHECKING:  # the fast records are read with these models' rules (fast_records.py)
+    from cronstream.shared.fast_records import FastDue, FastSnapshot
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -439,12 +452,12 @@ class ExecutionEvent(Record):
         return cls(**values)
 
 
-def render_event(due: JobDue, status: ExecutionStatus, event_id: str, occurred_at: datetime, *,
+def render_event(due: JobDue | FastDue, status: ExecutionStatus, event_id: str, occurred_at: datetime, *,
                  worker_id: str | None = None, started_at: datetime | None = None,
                  completed_at: datetime | None = None, result: Any = None,
                  progress: float | None = None, priority: str | None = None,
                  queue: str | None = None, reason: str | None = None,
-                 idempotency_key: str | None = None, job: JobSnapshot | None = None,
+                 idempotency_key: str | None = None, job: JobSnapshot | FastSnapshot | None = None,
                  approved_by: str | None = None) -> bytes:
     """ExecutionEvent.for_due(due, status, ...).to_json() for the fields given (the rest
     null), without building the model: the events every execution goes through (QUEUED,
@@ -470,7 +483,7 @@ def render_event(due: JobDue, status: ExecutionStatus, event_id: str, occurred_a
         b',"queue":', to_json(queue),
         b',"reason":', to_json(reason),
         b',"idempotency_key":', to_json(idempotency_key),
-        b',"job":', to_json(job),
+        b',"job":', b"null" if job is None else job.to_json(),
         b',"approved_by":', to_json(approved_by),
         b',"rejected_by":null,"cancelled_by":null}',
     ))

@@ -26,7 +26,7 @@ import json
 from collections import OrderedDict
 from uuid import UUID
 
-from cronstream.shared.records import JobDue
+from cronstream.shared.fast_records import DueRecord
 
 KEY_PREFIX = "due:"
 DURABLE_REASONS = frozenset({"DEPENDENCY", "REQUEUE", "MANUAL", "BACKFILL", "RETRY"})
@@ -44,13 +44,13 @@ class SeenDues:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def seen(self, due: JobDue) -> bool:
+    def seen(self, due: DueRecord) -> bool:
         return (due.execution_id, due.delivery) in self._seen
 
-    def remember(self, due: JobDue) -> None:
+    def remember(self, due: DueRecord) -> None:
         self._add((due.execution_id, due.delivery))
 
-    def forget(self, due: JobDue) -> None:
+    def forget(self, due: DueRecord) -> None:
         self._seen.pop((due.execution_id, due.delivery), None)
 
     def _add(self, key: tuple[UUID, int]) -> None:
@@ -59,11 +59,11 @@ class SeenDues:
             self._seen.popitem(last=False)
 
     @staticmethod
-    def durable(due: JobDue) -> bool:
+    def durable(due: DueRecord) -> bool:
         return due.reason in DURABLE_REASONS
 
     @staticmethod
-    def record(due: JobDue, now_ms: int) -> tuple[bytes, bytes]:
+    def record(due: DueRecord, now_ms: int) -> tuple[bytes, bytes]:
         """(key, value) of the state record that makes `due` remembered across restarts."""
         key = f"{KEY_PREFIX}{due.execution_id}".encode()
         value = json.dumps({"delivery": due.delivery, "at_ms": now_ms}).encode()

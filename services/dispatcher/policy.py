@@ -28,7 +28,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cronstream.shared.records import ExecutionEvent, JobDue, UtcDatetime, UtcModel
+from cronstream.shared.fast_records import DueRecord
+from cronstream.shared.records import ExecutionEvent, UtcDatetime, UtcModel
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
@@ -75,17 +76,17 @@ class PolicyState:
         self.jobs[key] = {a.execution_id: a for a in activity.active}
         self.partition_of[key] = partition
 
-    def others(self, due: JobDue) -> list[ActiveExecution]:
+    def others(self, due: DueRecord) -> list[ActiveExecution]:
         return [a for a in self.jobs.get(due.job_id, {}).values()
                 if a.execution_id != due.execution_id]
 
-    def decide(self, due: JobDue) -> Decision:
+    def decide(self, due: DueRecord) -> Decision:
         policy = due.job.concurrency_policy
         if policy == "ALLOW" or due.reason not in NEW_RUN_REASONS or not self.others(due):
             return "QUEUE"
         return "SKIP" if policy == "FORBID" else "REPLACE"
 
-    def queued(self, due: JobDue, partition: int) -> None:
+    def queued(self, due: DueRecord, partition: int) -> None:
         if due.job.concurrency_policy == "ALLOW" and due.job_id not in self.jobs:
             return
         self._put(due.job_id, partition, ActiveExecution(

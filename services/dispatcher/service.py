@@ -30,6 +30,7 @@ from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
+from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7, new_event_id
 from cronstream.shared.inbound import Batch, Inbound
@@ -51,7 +52,6 @@ from cronstream.shared.records import (
     Command,
     ExecutionEvent,
     ExecutionStatus,
-    JobDue,
     now_utc,
     render_event,
 )
@@ -80,7 +80,7 @@ class _Work:
 
     records: list[OutRecord] = field(default_factory=list)
     hops: list[Hop] = field(default_factory=list)
-    added: list[JobDue] = field(default_factory=list)
+    added: list[DueRecord] = field(default_factory=list)
     new_queues: set[str] = field(default_factory=set)
 
 
@@ -218,7 +218,7 @@ class DispatcherService:
 
     def _take(self, msg: Message, batch: Batch, work: _Work, now_ms: int) -> None:
         """One JobDue: dropped as a repeat, dead-lettered, or turned into records."""
-        due = batch.decode(JobDue, msg, key_field="job_id")
+        due = batch.read(decode_due, msg)
         if due is None:
             return
         if self.seen.seen(due):
@@ -251,7 +251,7 @@ class DispatcherService:
         await self._consumer.call(self._rewind, list(batch.next_offsets))
         await self._load_state(set(self._owned))
 
-    def _hop(self, due: JobDue, msg: Message) -> Hop:
+    def _hop(self, due: DueRecord, msg: Message) -> Hop:
         """The queue span: a child of the fire that made the JobDue."""
         topic, partition, offset = position(msg)
         attributes = messaging(topic, partition, offset, job_id=due.job_id,
@@ -259,7 +259,7 @@ class DispatcherService:
                                delivery=due.delivery) if recording() else None
         return Hop("cronstream.queue", msg.headers(), attributes=attributes)
 
-    def _dispatch(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
+    def _dispatch(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
         """The records one JobDue turns into, under its job's concurrency policy."""
         decision = self.policy.decide(due)
         self._decided[{"SKIP": "SKIPPED", "REPLACE": "REPLACED"}.get(decision, "QUEUED")] += 1
@@ -276,7 +276,7 @@ class DispatcherService:
         self.policy.queued(due, position(msg)[1])
         return records
 
-    def _event(self, due: JobDue | ActiveExecution, hop: Hop, status: ExecutionStatus,
+    def _event(self, due: DueRecord | ActiveExecution, hop: Hop, status: ExecutionStatus,
                job_id: str | None = None, **fields: object) -> OutRecord:
         job = job_id or due.job_id  # type: ignore[union-attr]
         terminal = status in ("SKIPPED", "CANCELLED")
@@ -288,7 +288,7 @@ class DispatcherService:
         )
         return OutRecord(self.topics.execution_events, job.encode(), event.to_json(), hop.headers)
 
-    def _queue(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
+    def _queue(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
         key = due.job_id.encode()
         job = due.job
         queued = render_event(due, "QUEUED", fast_uuid7(), now_utc(), priority=job.priority,
@@ -301,7 +301,7 @@ class DispatcherService:
             OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(), hop.headers),
         ]
 
-    def _replace(self, due: JobDue, msg: Message, hop: Hop) -> list[OutRecord]:
+    def _replace(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
         """REPLACE: ask every other non-terminal execution of the job to stop.
 
         Only a CANCEL command: a running one is stopped by its worker, a queued one is

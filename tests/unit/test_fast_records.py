@@ -1,21 +1,30 @@
-"""The monitor's fast event decoder against the model it stands in for: the same fields in
-the same order with the same defaults, equal values for what both accept, and never an
-accept where the model refuses — over valid events and thousands of mutated ones."""
+"""The fast decoders (the monitor's of events, the dispatcher's of JobDue records) against
+the models they stand in for: the same fields in the same order with the same defaults,
+equal values for what both accept, and never an accept where the model refuses — over
+valid records and thousands of mutated ones."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
 
 from cronstream.shared.codec import DecodeError, decode
-from cronstream.shared.fast_records import FAST_STATUSES, FastEvent, FastSnapshot, decode_event
-from cronstream.shared.records import ExecutionEvent, JobSnapshot
+from cronstream.shared.fast_records import (
+    FAST_STATUSES,
+    FastDue,
+    FastEvent,
+    FastSnapshot,
+    decode_due,
+    decode_event,
+)
+from cronstream.shared.records import DueReason, ExecutionEvent, JobDue, JobSnapshot
 
 STATUSES = ["QUEUED", "RUNNING", "PROGRESS", "COMPLETED", "FAILED", "SKIPPED", "REQUEUED"]
 
@@ -31,7 +40,8 @@ def _struct_defaults(struct: Any) -> dict[str, Any]:
             for f in info if f.required is False}
 
 
-@pytest.mark.parametrize(("struct", "model"), [(FastEvent, ExecutionEvent), (FastSnapshot, JobSnapshot)])
+@pytest.mark.parametrize(("struct", "model"), [(FastEvent, ExecutionEvent), (FastSnapshot, JobSnapshot),
+                                               (FastDue, JobDue)])
 def test_the_fast_records_have_the_models_fields_order_and_defaults(struct: Any, model: Any) -> None:
     fields = msgspec.structs.fields(struct)
     assert [f.name for f in fields] == list(model.model_fields)
@@ -71,14 +81,15 @@ def _event(rng: random.Random, status: str) -> dict[str, Any]:
     return event
 
 
-def _same(fast: FastEvent, model: ExecutionEvent) -> None:
-    for name in ExecutionEvent.model_fields:
+def _same(fast: FastEvent | FastDue, model: ExecutionEvent | JobDue) -> None:
+    for name in type(model).model_fields:
         got, want = getattr(fast, name), getattr(model, name)
         if name == "job" and want is not None:
-            assert json.loads(got.model_dump_json()) == json.loads(want.model_dump_json())
+            assert json.loads(got.to_json()) == json.loads(want.to_json())
         else:
             assert (got, type(got)) == (want, type(want)), name
-    assert fast.terminal == model.terminal
+    if isinstance(fast, FastEvent):
+        assert fast.terminal == model.terminal  # type: ignore[union-attr]
 
 
 def test_valid_events_of_every_execution_take_the_fast_path_with_the_models_values() -> None:
@@ -115,10 +126,10 @@ FIELDS = [*ExecutionEvent.model_fields, "unknown_field", "job.handler", "job.par
           "job.timeout_seconds", "job.queue", "job.extra"]
 
 
-def _mutate(rng: random.Random, event: dict[str, Any]) -> bytes:
+def _mutate(rng: random.Random, event: dict[str, Any], fields: list[str] = FIELDS) -> bytes:
     event = json.loads(json.dumps(event))
     for _ in range(rng.choice([1, 1, 1, 2])):
-        name = rng.choice(FIELDS)
+        name = rng.choice(fields)
         value = rng.choice(NASTY)
         target = event
         if name.startswith("job."):
@@ -128,7 +139,7 @@ def _mutate(rng: random.Random, event: dict[str, Any]) -> bytes:
         if rng.random() < 0.15:
             target.pop(name, None)
         else:
-            target[name] = value
+            target[name] = copy.deepcopy(value)  # a NASTY dict set twice would nest in itself
     raw = json.dumps(event)
     if rng.random() < 0.05:  # a duplicate key, the later one different
         raw = raw[:-1] + ', "status": "COMPLETED"}'
@@ -157,4 +168,56 @@ def test_no_mutated_event_is_accepted_by_the_fast_path_where_the_model_refuses_i
         else:
             assert got == model
     # The mutations reach both sides: many refused, many taken by the fast path.
+    assert model_refusals > 1000 and fast_accepts > 500, (model_refusals, fast_accepts)
+
+
+REASONS = list(get_args(DueReason))
+
+
+def _job_due(rng: random.Random) -> dict[str, Any]:
+    queued = _event(rng, "QUEUED")
+    due = {name: queued[name] for name in (
+        "schema_version", "execution_id", "job_id", "run_id", "scheduled_at", "attempt_number",
+        "delivery", "idempotency_key", "job")}
+    due["reason"] = rng.choice(REASONS)
+    if rng.random() < 0.3:
+        due["approved_by"] = rng.choice(["alice@example.com", "ui/token"])
+    return due
+
+
+def test_valid_job_dues_take_the_fast_path_with_the_models_values() -> None:
+    rng = random.Random(16)
+    for _ in range(2000):
+        raw = json.dumps(_job_due(rng)).encode()
+        key = json.loads(raw)["job_id"].encode()
+        got = decode_due(raw, key)
+        assert isinstance(got, FastDue)
+        _same(got, decode(JobDue, raw, key=key, key_field="job_id"))
+
+
+DUE_FIELDS = [*JobDue.model_fields, "unknown_field", "job.handler", "job.params",
+              "job.timeout_seconds", "job.queue", "job.extra"]
+
+
+def test_no_mutated_job_due_is_accepted_by_the_fast_path_where_the_model_refuses_it() -> None:
+    rng = random.Random(1600)
+    fast_accepts = model_refusals = 0
+    for i in range(6000):
+        raw = _mutate(rng, _job_due(rng), DUE_FIELDS)
+        key = rng.choice([b"job", b"a.b-c_d", b"X" * 128, None]) if i % 10 == 0 else \
+            str(json.loads(raw).get("job_id")).encode()
+        try:
+            model = decode(JobDue, raw, key=key, key_field="job_id")
+        except DecodeError as refused:
+            model_refusals += 1
+            with pytest.raises(DecodeError) as also:
+                decode_due(raw, key)
+            assert str(also.value) == str(refused), raw
+            continue
+        got = decode_due(raw, key)
+        if isinstance(got, FastDue):
+            fast_accepts += 1
+            _same(got, model)
+        else:
+            assert got == model
     assert model_refusals > 1000 and fast_accepts > 500, (model_refusals, fast_accepts)
