@@ -20,8 +20,9 @@ reason. The fast path only ever *narrows* what is accepted:
   so does a record with a time of more than six decimals anywhere (msgspec rounds the
   seventh, the model truncates).
 
-`decode_due` reads a JobDue the same way into `FastDue`, for the dispatcher (every reason
-takes the fast path; the checks above all apply).
+`decode_due` reads a JobDue the same way into `FastDue`, for the dispatcher and the workers
+(every reason takes the fast path; the checks above all apply); `as_model` turns one into
+the model where a rare path copies or re-encodes it.
 
 `tests/unit/test_fast_records.py` holds each pair together: the same fields and
 defaults, and over valid records and thousands of mutated ones, a fast accept only where
@@ -55,7 +56,7 @@ from cronstream.shared.records import (
 from cronstream.shared.statuses import TERMINAL
 
 __all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", "FastSnapshot",
-           "decode_due", "decode_event"]
+           "as_model", "decode_due", "decode_event"]
 
 _ZERO = timedelta(0)
 # Larger than this, a `result` or `params` could be over its limit: the model measures.
@@ -150,6 +151,10 @@ class FastDue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     job: FastSnapshot
     approved_by: Actor | None = None
 
+    def model(self) -> JobDue:
+        """The same record as the model, for the rare paths that copy or re-encode it."""
+        return JobDue.model_validate_json(msgspec.json.encode(self))
+
 
 # What the monitor holds of a decoded event: the fast record, or the model for the rest.
 EventRecord = ExecutionEvent | FastEvent
@@ -193,6 +198,11 @@ def decode_event(value: bytes | None, key: bytes | None) -> ExecutionEvent | Fas
         if event is not None:
             return event
     return decode(ExecutionEvent, value, key=key, key_field="job_id")
+
+
+def as_model(due: JobDue | FastDue) -> JobDue:
+    """`due` as the model (a FastDue converted, a JobDue as it is)."""
+    return due if isinstance(due, JobDue) else due.model()
 
 
 def decode_due(value: bytes | None, key: bytes | None) -> JobDue | FastDue:

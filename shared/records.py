@@ -440,7 +440,7 @@ class ExecutionEvent(Record):
         return self.status in TERMINAL
 
     @classmethod
-    def for_due(cls, due: JobDue, status: ExecutionStatus, **fields: Any) -> ExecutionEvent:
+    def for_due(cls, due: JobDue | FastDue, status: ExecutionStatus, **fields: Any) -> ExecutionEvent:
         """An event of the execution `due` asks for (its ids, attempt and delivery), now;
         `fields` add to or override those."""
         values: dict[str, Any] = {

@@ -15,20 +15,21 @@ import random
 from datetime import datetime, timedelta
 from uuid import UUID, uuid5
 
+from cronstream.shared.fast_records import DueRecord, FastSnapshot, as_model
 from cronstream.shared.ids import NAMESPACE
-from cronstream.shared.records import JobDue, JobSnapshot, RetryRequest
+from cronstream.shared.records import JobSnapshot, RetryRequest
 from cronstream.shared.schedule import to_millis
 
 JITTER = (0.8, 1.2)
 
 
-def retry_delay(job: JobSnapshot, attempt_number: int, rng: random.Random) -> float:
+def retry_delay(job: JobSnapshot | FastSnapshot, attempt_number: int, rng: random.Random) -> float:
     """Seconds from the failure of `attempt_number` to the next attempt."""
     base = job.retry_delay_seconds * 2 ** (attempt_number - 1) * rng.uniform(*JITTER)
     return min(base, job.max_retry_delay_seconds)
 
 
-def attempts_left(due: JobDue) -> bool:
+def attempts_left(due: DueRecord) -> bool:
     return due.attempt_number < 1 + due.job.max_retries
 
 
@@ -37,7 +38,7 @@ def retry_execution_id(job_id: str, run_id: UUID, attempt: int) -> UUID:
     return uuid5(NAMESPACE, f"retry|{job_id}|{run_id}|{attempt}")
 
 
-def next_attempt(due: JobDue, failed_at: datetime, rng: random.Random) -> RetryRequest:
+def next_attempt(due: DueRecord, failed_at: datetime, rng: random.Random) -> RetryRequest:
     attempt = due.attempt_number + 1
     due_at = to_millis(failed_at + timedelta(seconds=retry_delay(due.job, due.attempt_number, rng)))
     return RetryRequest(
@@ -48,6 +49,6 @@ def next_attempt(due: JobDue, failed_at: datetime, rng: random.Random) -> RetryR
         attempt_number=attempt,
         reason="RETRY",
         idempotency_key=due.idempotency_key,
-        job=due.job,
+        job=as_model(due).job,
         due_at=due_at,
     )

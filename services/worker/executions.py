@@ -19,10 +19,11 @@ from typing import Any
 
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
+from cronstream.shared.fast_records import DueRecord, as_model
 from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import ExecutionEvent, ExecutionStatus, JobDue, now_utc, render_event
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus, now_utc, render_event
 from cronstream.shared.retry import attempts_left, next_attempt
 from cronstream.shared.telemetry import Hop, trace_id
 from cronstream.shared.topics import Topics
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Running:
-    due: JobDue
+    due: DueRecord
     hop: Hop  # the run's span: a child of the dispatcher's queue span
     started_at: datetime
     cancel: CancelSignal = field(default_factory=CancelSignal)
@@ -135,7 +136,7 @@ class Reporter:
     def requeued(self, run: Running, why: str) -> list[OutRecord]:
         """REQUEUED and the JobDue of the next delivery, for an execution this worker
         gives up on without an outcome (drain): it runs again elsewhere, never fails."""
-        due = run.due.model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
+        due = as_model(run.due).model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
         log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
             delivery=due.delivery, reason=why)
         return [

@@ -60,8 +60,8 @@ from cronstream.services.worker.runner import (
     make_context,
 )
 from cronstream.shared import metrics, telemetry
+from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import JobDue
 from cronstream.shared.telemetry import Headers
 
 logger = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def _done(status: str, error: str) -> bytes:
     return _encode(("done", status, None, error)) + b"\n"
 
 
-def run_message(due: JobDue, trace: Headers | None) -> bytes:
+def run_message(due: DueRecord, trace: Headers | None) -> bytes:
     """The line that sends a child `due` to run (RunMessage)."""
     return _encode(RunMessage(
         due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
@@ -339,7 +339,7 @@ class Child:
         self.conn.close()
         self.cancels.close()
 
-    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
         loop = asyncio.get_running_loop()
         self._watch(loop)
@@ -385,7 +385,7 @@ class Child:
             self._reply = None
             self._progress = None
 
-    def _stop(self, due: JobDue, cancelled_at: float | None, started: float, now: float) -> Outcome:
+    def _stop(self, due: DueRecord, cancelled_at: float | None, started: float, now: float) -> Outcome:
         """The handler overran its timeout or its cancellation grace: kill it."""
         self.kill()
         ran = now - started
@@ -602,7 +602,7 @@ class PoolRunner:
         self._children.clear()
         self._idle.clear()
 
-    def run_now(self, due: JobDue, progress: ProgressFn, trace: Headers | None = None
+    def run_now(self, due: DueRecord, progress: ProgressFn, trace: Headers | None = None
                 ) -> Outcome | None:
         """The outcome of a run that needs no waiting, on the spot: an unknown handler, or
         an inline synchronous one (called here, on the event loop it must not block,
@@ -619,7 +619,7 @@ class PoolRunner:
         with telemetry.attached(trace):
             return _run_now(spec.func, due, progress, telemetry.lone_traceparent(trace))
 
-    async def run(self, due: JobDue, progress: ProgressFn, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
         """Run `due` to its outcome: an inline handler inside the context of the trace
         headers `trace` (its span and log lines join the trace), a pool one in a process
@@ -673,7 +673,7 @@ class _NeverCancelled(threading.Event):
 _NEVER_CANCELLED = _NeverCancelled()
 
 
-def _run_now(func: Any, due: JobDue, progress: ProgressFn, traceparent: str | None) -> Outcome:
+def _run_now(func: Any, due: DueRecord, progress: ProgressFn, traceparent: str | None) -> Outcome:
     """An inline synchronous handler, called here and now (PoolRunner.run_now)."""
     try:
         with telemetry.handler_span(due.job.handler, traceparent, job_id=due.job_id,
@@ -686,7 +686,7 @@ def _run_now(func: Any, due: JobDue, progress: ProgressFn, traceparent: str | No
     return check_result(result)
 
 
-async def _run_inline(func: Any, is_async: bool, due: JobDue, progress: ProgressFn,
+async def _run_inline(func: Any, is_async: bool, due: DueRecord, progress: ProgressFn,
                       cancel: CancelSignal) -> Outcome:
     try:
         with telemetry.handler_span(due.job.handler, job_id=due.job_id,

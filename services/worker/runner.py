@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cronstream.handlers import Context
-from cronstream.shared.records import MAX_RESULT_BYTES, JobDue
+from cronstream.shared.fast_records import DueRecord
+from cronstream.shared.records import MAX_RESULT_BYTES
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
 ProgressFn = Callable[[float, str | None], None]
@@ -116,7 +117,7 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:8000]
 
 
-def make_context(due: JobDue, progress: ProgressFn, cancel: threading.Event,
+def make_context(due: DueRecord, progress: ProgressFn, cancel: threading.Event,
                  traceparent: str | None = None) -> Context:
     return Context(
         execution_id=due.execution_id,

@@ -48,6 +48,7 @@ from cronstream.services.worker.executions import (
 from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
+from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import (
@@ -70,7 +71,7 @@ from cronstream.shared.producers import (
     TransactionalProducer,
     TransactionOutcomeUnknown,
 )
-from cronstream.shared.records import PRIORITIES, JobDue, WorkerStatus, now_utc
+from cronstream.shared.records import PRIORITIES, WorkerStatus, now_utc
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Headers, Hop, attached, messaging, recording
 
@@ -90,10 +91,10 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    def run_now(self, due: JobDue, progress: Any, trace: Headers | None = None
+    def run_now(self, due: DueRecord, progress: Any, trace: Headers | None = None
                 ) -> Outcome | None: ...
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome: ...
 
 
@@ -326,7 +327,7 @@ class WorkerService:
                 break
             batch.records.append(msg)
             batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
-            due = batch.decode(JobDue, msg, key_field="job_id")
+            due = batch.read(decode_due, msg)
             if due is None or due.execution_id in self.running:
                 continue  # dead-lettered, or a redelivery of what already runs here
             run = Running(due, self._hop(due, msg), now_utc())
@@ -376,7 +377,7 @@ class WorkerService:
             else:  # reported with the next turn, like any other that finished
                 self._finished.append(Finished(run, outcome, now_utc()))
 
-    def _hop(self, due: JobDue, msg: Message) -> Hop:
+    def _hop(self, due: DueRecord, msg: Message) -> Hop:
         topic, partition, offset = position(msg)
         attributes = messaging(topic, partition, offset, job_id=due.job_id,
                                execution_id=due.execution_id, attempt=due.attempt_number,

@@ -21,6 +21,7 @@ from cronstream.shared.fast_records import (
     FastDue,
     FastEvent,
     FastSnapshot,
+    as_model,
     decode_due,
     decode_event,
 )
@@ -192,7 +193,10 @@ def test_valid_job_dues_take_the_fast_path_with_the_models_values() -> None:
         key = json.loads(raw)["job_id"].encode()
         got = decode_due(raw, key)
         assert isinstance(got, FastDue)
-        _same(got, decode(JobDue, raw, key=key, key_field="job_id"))
+        model = decode(JobDue, raw, key=key, key_field="job_id")
+        _same(got, model)
+        # What a requeue or a retry builds from: the model again, equal.
+        assert as_model(got) == model and as_model(model) is model
 
 
 DUE_FIELDS = [*JobDue.model_fields, "unknown_field", "job.handler", "job.params",
