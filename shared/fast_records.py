@@ -136,8 +136,9 @@ class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class FastDue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """records.JobDue, field for field, in its order. What the dispatcher reads of a
-    JobDue (it publishes the record's own bytes onwards, never this one re-encoded)."""
+    """records.JobDue, field for field, in its order. What the dispatcher and the workers
+    read of a JobDue (the dispatcher publishes the record's own bytes onwards, never this
+    one re-encoded)."""
 
     schema_version: Literal[1] = 1
     execution_id: UUID
@@ -158,7 +159,7 @@ class FastDue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 # What the monitor holds of a decoded event: the fast record, or the model for the rest.
 EventRecord = ExecutionEvent | FastEvent
-# What the dispatcher holds of a decoded JobDue, the same way.
+# What the dispatcher and the workers hold of a decoded JobDue, the same way.
 DueRecord = JobDue | FastDue
 
 _EVENTS = msgspec.json.Decoder(FastEvent)
