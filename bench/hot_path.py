@@ -98,10 +98,10 @@ def per_execution() -> dict[str, Any]:
         "model_decode_queued": _us(lambda: [decode(ExecutionEvent, v) for v in queued]),
         "model_decode_running": _us(lambda: [decode(ExecutionEvent, v) for v in running]),
         "model_decode_completed": _us(lambda: [decode(ExecutionEvent, v) for v in completed]),
-        # The dispatcher's decoder of JobDue records (the same rules), and the model's,
-        # which the worker still uses.
-        "dispatcher_decode_job_due": _us(lambda: [decode_due(v, b"bench-000123") for v in raw_dues]),
-        "worker_decode_job_due": _us(lambda: [decode(JobDue, v, key=b"bench-000123", key_field="job_id")
+        # A JobDue, as the dispatcher and the workers decode it (decode_due, decision 0018),
+        # and through the model as before it.
+        "decode_job_due": _us(lambda: [decode_due(v, b"bench-000123") for v in raw_dues]),
+        "model_decode_job_due": _us(lambda: [decode(JobDue, v, key=b"bench-000123", key_field="job_id")
                                               for v in raw_dues]),
         "worker_running_record": _us(lambda: [reporter.running(r) for r in runs]),
         # A no-op's whole run since the inline path runs where the start commits.

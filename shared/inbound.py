@@ -99,15 +99,11 @@ class Batch:
 
     def decode(self, model: type[T], msg: Message, key_field: str | None = None) -> T | None:
         """The record as `model`, or None after dead-lettering it with the reason."""
-        try:
-            return decode(model, msg.value(), key=msg.key(), key_field=key_field)
-        except DecodeError as exc:
-            self.reject(msg, str(exc))
-            return None
+        return self.read(lambda value, key: decode(model, value, key=key, key_field=key_field), msg)
 
     def read(self, reader: Callable[[bytes | None, bytes | None], R], msg: Message) -> R | None:
-        """The record as `reader(value, key)` decodes it (a fast decoder, which raises
-        DecodeError like `decode`), or None after dead-lettering it with the reason."""
+        """The record as `reader(value, key)` decodes it (raising DecodeError, as `decode`
+        and the fast decoders do), or None after dead-lettering it with the reason."""
         try:
             return reader(msg.value(), msg.key())
         except DecodeError as exc:

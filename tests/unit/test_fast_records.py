@@ -147,31 +147,6 @@ def _mutate(rng: random.Random, event: dict[str, Any], fields: list[str] = FIELD
     return raw.encode()
 
 
-def test_no_mutated_event_is_accepted_by_the_fast_path_where_the_model_refuses_it() -> None:
-    rng = random.Random(180)
-    fast_accepts = model_refusals = 0
-    for i in range(6000):
-        raw = _mutate(rng, _event(rng, rng.choice(STATUSES)))
-        key = rng.choice([b"job", b"a.b-c_d", b"X" * 128, None]) if i % 10 == 0 else \
-            str(json.loads(raw).get("job_id")).encode()
-        try:
-            model = decode(ExecutionEvent, raw, key=key, key_field="job_id")
-        except DecodeError as refused:
-            model_refusals += 1
-            with pytest.raises(DecodeError) as also:
-                decode_event(raw, key)
-            assert str(also.value) == str(refused), raw
-            continue
-        got = decode_event(raw, key)
-        if isinstance(got, FastEvent):
-            fast_accepts += 1
-            _same(got, model)
-        else:
-            assert got == model
-    # The mutations reach both sides: many refused, many taken by the fast path.
-    assert model_refusals > 1000 and fast_accepts > 500, (model_refusals, fast_accepts)
-
-
 REASONS = list(get_args(DueReason))
 
 
@@ -203,25 +178,36 @@ DUE_FIELDS = [*JobDue.model_fields, "unknown_field", "job.handler", "job.params"
               "job.timeout_seconds", "job.queue", "job.extra"]
 
 
-def test_no_mutated_job_due_is_accepted_by_the_fast_path_where_the_model_refuses_it() -> None:
-    rng = random.Random(1600)
+# name: (model, fast decoder, fast record, a valid record, the fields to mutate, seed)
+MUTATED: dict[str, tuple[Any, Any, Any, Any, list[str], int]] = {
+    "events": (ExecutionEvent, decode_event, FastEvent,
+               lambda rng: _event(rng, rng.choice(STATUSES)), FIELDS, 180),
+    "job_dues": (JobDue, decode_due, FastDue, _job_due, DUE_FIELDS, 1600),
+}
+
+
+@pytest.mark.parametrize("kind", MUTATED)
+def test_no_mutated_record_is_accepted_by_the_fast_path_where_the_model_refuses_it(kind: str) -> None:
+    model_type, fast_decode, fast_type, valid, fields, seed = MUTATED[kind]
+    rng = random.Random(seed)
     fast_accepts = model_refusals = 0
     for i in range(6000):
-        raw = _mutate(rng, _job_due(rng), DUE_FIELDS)
+        raw = _mutate(rng, valid(rng), fields)
         key = rng.choice([b"job", b"a.b-c_d", b"X" * 128, None]) if i % 10 == 0 else \
             str(json.loads(raw).get("job_id")).encode()
         try:
-            model = decode(JobDue, raw, key=key, key_field="job_id")
+            model = decode(model_type, raw, key=key, key_field="job_id")
         except DecodeError as refused:
             model_refusals += 1
             with pytest.raises(DecodeError) as also:
-                decode_due(raw, key)
+                fast_decode(raw, key)
             assert str(also.value) == str(refused), raw
             continue
-        got = decode_due(raw, key)
-        if isinstance(got, FastDue):
+        got = fast_decode(raw, key)
+        if isinstance(got, fast_type):
             fast_accepts += 1
             _same(got, model)
         else:
             assert got == model
+    # The mutations reach both sides: many refused, many taken by the fast path.
     assert model_refusals > 1000 and fast_accepts > 500, (model_refusals, fast_accepts)
