@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import faulthandler
 import gc
 import logging
 import os
@@ -23,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from cronstream.shared import logs, metrics, telemetry
 from cronstream.shared.health import Health, HealthServer
@@ -116,17 +117,44 @@ def _exit(code: int) -> int:
     return code
 
 
-def _shutdown_watchdog(seconds: float) -> None:
-    """SIGTERM always works: if a clean stop takes longer than `seconds` (a stuck call
-    without a deadline, a handler that ignores its cancellation), exit anyway."""
+_watchdog: dict[str, threading.Timer] = {}
+_loops: set[asyncio.AbstractEventLoop] = set()  # the services' event loops (dump_stacks)
+
+
+def arm_shutdown_watchdog(seconds: float, reason: str) -> None:
+    """Whatever stops the service (SIGTERM, a fatal error such as a fenced producer), the
+    process exits: if the stop takes longer than `seconds` (a stuck call without a
+    deadline, a handler that ignores its cancellation, a thread asyncio.run waits for at
+    exit), log where every thread is and exit with code 3. Armed once: the first reason
+    sets the deadline."""
+    if "timer" in _watchdog:
+        return
+
     def expire() -> None:
-        log(logger, "shutdown_overdue", logging.ERROR, seconds=seconds)
+        log(logger, "shutdown_overdue", logging.ERROR, seconds=seconds, reason=reason,
+            hint="the stacks of every thread and task follow on stderr")
+        dump_stacks(sys.stderr)
         logging.shutdown()
         os._exit(3)
 
-    timer = threading.Timer(seconds, expire)
+    timer = _watchdog["timer"] = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
+
+
+def dump_stacks(out: TextIO) -> None:
+    """Every thread's stack, then every asyncio task's (read from another thread: a
+    best-effort picture of a process about to be ended)."""
+    with contextlib.suppress(Exception):
+        out.flush()
+        faulthandler.dump_traceback(file=out, all_threads=True)
+    for loop in list(_loops):
+        with contextlib.suppress(Exception):
+            for task in list(asyncio.all_tasks(loop)):
+                out.write(f"\nasyncio task {task.get_name()}: {task.get_coro()!r}\n")
+                task.print_stack(limit=20, file=out)
+    with contextlib.suppress(Exception):
+        out.flush()
 
 
 async def _tick(health: Health) -> None:
@@ -139,6 +167,7 @@ async def _tick(health: Health) -> None:
 async def _main(service: Service) -> None:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+    _loops.add(loop)
 
     def on_signal(signum: int) -> None:
         if stopping.is_set():
@@ -150,7 +179,8 @@ async def _main(service: Service) -> None:
             return
         log(logger, "service_stopping", signal=signal.Signals(signum).name)
         stopping.set()
-        _shutdown_watchdog(getattr(service, "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS))
+        arm_shutdown_watchdog(getattr(service, "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS),
+                              signal.Signals(signum).name)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
@@ -158,6 +188,12 @@ async def _main(service: Service) -> None:
     ticker = asyncio.create_task(_tick(service.health))
     try:
         await service.run(stopping)
+    except BaseException as exc:
+        # What asyncio.run still does (cancel the tasks left, join the executor's threads)
+        # has no deadline of its own.
+        arm_shutdown_watchdog(getattr(service, "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS),
+                              type(exc).__name__)
+        raise
     finally:
         ticker.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):

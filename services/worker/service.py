@@ -62,7 +62,7 @@ from cronstream.shared.kafka import (
     read_to_end,
     reader_config,
 )
-from cronstream.shared.lifecycle import supervise
+from cronstream.shared.lifecycle import arm_shutdown_watchdog, supervise
 from cronstream.shared.logs import log
 from cronstream.shared.producers import (
     IdempotentProducer,
@@ -206,6 +206,7 @@ class WorkerService:
             # executions to others: whatever still runs here is not ours to report any more.
             log(logger, "worker_fenced", logging.ERROR, worker_id=self.worker_id,
                 running=len(self.running), hint="restart with a fresh state")
+            arm_shutdown_watchdog(self.shutdown_seconds, "worker_fenced")
             raise
         finally:
             beating.set()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -222,3 +224,39 @@ def test_a_finished_execution_reported_again_after_an_unknown_outcome_is_the_sam
         event = ExecutionEvent.model_validate_json(first[0].value)
         assert event.status == outcome.status
         assert len(first) == (2 if outcome.status == "FAILED" else 1)  # FAILED: its retry too
+
+
+STUCK_AT_EXIT = """
+import asyncio, sys, time
+from cronstream.shared.health import Health
+from cronstream.shared.lifecycle import run_service
+from cronstream.shared.settings import Settings
+
+def stuck_for_an_hour():
+    time.sleep(3600)
+
+class Fenced:
+    name = "worker"
+    shutdown_seconds = 1.0
+    def __init__(self):
+        self.health = Health("worker")
+    async def run(self, stopping):
+        asyncio.get_running_loop().run_in_executor(None, stuck_for_an_hour)
+        raise RuntimeError("fenced")
+
+sys.exit(run_service(Fenced(), Settings(http_port=0, http_bind="127.0.0.1")))
+"""
+
+
+def test_a_service_that_fails_with_a_thread_stuck_still_exits_and_says_where() -> None:
+    """asyncio.run joins the executor's threads at exit without a deadline (Python 3.11):
+    a service whose run failed must not hang there. The watchdog armed by the failure ends
+    the process and logs every thread's stack, the stuck one included."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK_AT_EXIT], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert time.monotonic() - started < 30
+    output = done.stdout + done.stderr
+    assert "action=shutdown_overdue" in output and "reason=RuntimeError" in output
+    assert "stuck_for_an_hour" in output, "the stuck thread's stack is in the log"
