@@ -12,7 +12,9 @@ For each offered rate (N interval jobs every second, spread over the second):
 - `completed_per_second`: executions whose `completed_at` (COMPLETED, in PostgreSQL) falls
   inside the window, divided by the window — not executions *scheduled* in the window that
   finished some time later;
-- start lag (scheduled_at → RUNNING) p50/p99 of executions started in the window;
+- start lag (scheduled_at → RUNNING) p50/p99 of executions started in the window, and
+  its two hops: due → QUEUED (the scheduler's round and transaction, the dispatcher's
+  read) and QUEUED → RUNNING (the dispatcher's commit, a worker's read and start);
 - CPU per execution: the CPU seconds each process spent during the window (every service
   process with its children — handler pools — and the broker and PostgreSQL), divided by
   the executions completed in the window; each share reported;
@@ -202,6 +204,8 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         window_end = sql(url, "SELECT now() AS t")[0]["t"]
         last = _sample(procs, servers)
         behind_last = projection_behind(system.settings)
+        # Before the scheduler stops: a stopped process has no /proc entry to read.
+        peak_rss = {name: _peak_rss_mb(p.pid) for name, p in procs.items()}
         span = (window_end - window_start).total_seconds()
         # No new fires: past the ceiling the backlog (and the projection's lag) would
         # otherwise keep growing, and the window's completions might never be projected.
@@ -215,9 +219,15 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         completed = sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = 'COMPLETED' "
                              "AND completed_at >= $1 AND completed_at < $2",
                         window_start, window_end)[0]["n"]
-        lags = [float(r["lag"]) for r in sql(url, """
-            SELECT extract(epoch FROM started_at - scheduled_at) AS lag FROM job_executions
-            WHERE started_at >= $1 AND started_at < $2""", window_start, window_end)]
+        rows = sql(url, """
+            SELECT extract(epoch FROM started_at - scheduled_at) AS lag,
+                   extract(epoch FROM queued_at - scheduled_at) AS to_queued,
+                   extract(epoch FROM started_at - queued_at) AS to_started
+            FROM job_executions WHERE started_at >= $1 AND started_at < $2""",
+                   window_start, window_end)
+        lags = [float(r["lag"]) for r in rows]
+        hops = {hop: [float(r[hop]) for r in rows if r[hop] is not None]
+                for hop in ("to_queued", "to_started")}
         backlog = _backlog(url)
         cpu = {k: round(last.cpu[k] - first.cpu.get(k, 0.0), 2) for k in last.cpu}
         total_cpu = sum(cpu.values())
@@ -231,6 +241,12 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
             "completed_fraction_of_offered": round(completed / (rate * span), 4),
             "start_lag_ms": {"p50": round(percentile(lags, 50) * 1000, 1),
                              "p99": round(percentile(lags, 99) * 1000, 1), "count": len(lags)},
+            # Where the start lag goes: due -> QUEUED (the scheduler's fire and its
+            # transaction, the dispatcher's read and decision) and QUEUED -> RUNNING (the
+            # dispatcher's commit, a worker's read and start).
+            "start_lag_hops_ms": {
+                hop: {"p50": round(percentile(v, 50) * 1000, 1),
+                      "p99": round(percentile(v, 99) * 1000, 1)} for hop, v in hops.items()},
             "backlog_at_end": backlog,
             "settled_before_window": settled,
             # Events of the log not yet in PostgreSQL as the window opens and closes. A
@@ -253,7 +269,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
             "full_collections_per_second": {
                 k: round((last.full_collections[k] - first.full_collections[k]) / span, 2)
                 for k in last.full_collections},
-            "peak_rss_mb": {name: _peak_rss_mb(p.pid) for name, p in procs.items()},
+            "peak_rss_mb": peak_rss,
         }
     finally:
         system.close()
