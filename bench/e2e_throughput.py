@@ -108,6 +108,11 @@ def _sample(procs: dict[str, ServiceProcess], servers: dict[str, list[int]]) -> 
                   {name: c[1] for name, c in counters.items()}, time.monotonic())
 
 
+def _p50_p99_ms(seconds: list[float]) -> dict[str, float]:
+    return {"p50": round(percentile(seconds, 50) * 1000, 1),
+            "p99": round(percentile(seconds, 99) * 1000, 1)}
+
+
 def _peak_rss_mb(pid: int) -> float:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -239,14 +244,11 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
             "completed_in_window": completed,
             "completed_per_second": round(completed / span, 1),
             "completed_fraction_of_offered": round(completed / (rate * span), 4),
-            "start_lag_ms": {"p50": round(percentile(lags, 50) * 1000, 1),
-                             "p99": round(percentile(lags, 99) * 1000, 1), "count": len(lags)},
+            "start_lag_ms": {**_p50_p99_ms(lags), "count": len(lags)},
             # Where the start lag goes: due -> QUEUED (the scheduler's fire and its
             # transaction, the dispatcher's read and decision) and QUEUED -> RUNNING (the
             # dispatcher's commit, a worker's read and start).
-            "start_lag_hops_ms": {
-                hop: {"p50": round(percentile(v, 50) * 1000, 1),
-                      "p99": round(percentile(v, 99) * 1000, 1)} for hop, v in hops.items()},
+            "start_lag_hops_ms": {hop: _p50_p99_ms(v) for hop, v in hops.items()},
             "backlog_at_end": backlog,
             "settled_before_window": settled,
             # Events of the log not yet in PostgreSQL as the window opens and closes. A
