@@ -14,7 +14,9 @@ For each offered rate (N interval jobs every second, spread over the second):
   finished some time later;
 - start lag (scheduled_at → RUNNING) p50/p99 of executions started in the window, and
   its two hops: due → QUEUED (the scheduler's round and transaction, the dispatcher's
-  read) and QUEUED → RUNNING (the dispatcher's commit, a worker's read and start);
+  read; negative when the fire was committed ahead, `scheduler_fire_ahead_ms`, decision
+  0027) and QUEUED → RUNNING (the dispatcher's commit, a worker's read, its wait for the
+  scheduled time, and the start);
 - CPU per execution: the CPU seconds each process spent during the window (every service
   process with its children — handler pools — and the broker and PostgreSQL), divided by
   the executions completed in the window; each share reported;
@@ -241,6 +243,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         return {
             "offered_per_second": rate, "window_seconds": round(span, 1), "handler": handler,
             "workers": workers, "worker_concurrency": concurrency,
+            "fire_ahead_ms": system.settings.scheduler_fire_ahead_ms,
             "completed_in_window": completed,
             "completed_per_second": round(completed / span, 1),
             "completed_fraction_of_offered": round(completed / (rate * span), 4),

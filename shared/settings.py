@@ -70,6 +70,10 @@ class Settings(BaseModel):
     # consumer (services/worker/service.py: _rejoin). Rebalances take seconds.
     worker_rejoin_after_seconds: Annotated[float, Field(gt=0)] = 30
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
+    # The leader commits the fires of ALLOW jobs up to this long before they are due, and
+    # the workers start them at their scheduled_at, never before: the hops in between no
+    # longer add to the start lag (docs/decisions/0027). 0: fire when due.
+    scheduler_fire_ahead_ms: Annotated[int, Field(ge=0, le=1000)] = 150
     # A stable name for this instance (scheduler, dispatcher, monitor, analytics): its
     # transactional.id and client ids derive from it, so a restarted instance fences and
     # aborts its predecessor. On Kubernetes: the pod name of a StatefulSet.

@@ -338,16 +338,21 @@ class Clock:
         request = self.retries.get(UUID(key))
         return request is not None and to_ms(request.due_at) == due
 
-    def plan(self, now_ms: int, limit: int = 5000) -> FirePlan:
-        """Pop what is due at `now_ms` (at most ~`limit` fires) into one plan."""
+    def plan(self, now_ms: int, limit: int = 5000, ahead_ms: int = 0) -> FirePlan:
+        """Pop what is due at `now_ms` (at most ~`limit` fires) into one plan, and the fires
+        of jobs that may fire ahead (`fires_ahead`) due within `ahead_ms` after it."""
         plan = FirePlan()
         seen: set[tuple[int, str]] = set()
+        later: list[tuple[int, int, str]] = []
         while self._heap and len(plan.dues) < limit:
             due, kind, key = self._heap[0]
-            if due > now_ms:
+            if due > now_ms + ahead_ms:
                 break
             entry = heapq.heappop(self._heap)
             if not self._live(due, kind, key) or (kind, key) in seen:
+                continue
+            if due > now_ms and not (kind == _JOB and self.fires_ahead(self.jobs[key])):
+                later.append(entry)  # fires when it is due
                 continue
             seen.add((kind, key))
             plan._popped.append(entry)
@@ -358,7 +363,19 @@ class Clock:
                 plan.fired_retries.append(request.execution_id)
             else:
                 self._plan_job(self.jobs[key], now_ms, plan, limit)
+        for entry in later:
+            heapq.heappush(self._heap, entry)
         return plan
+
+    @staticmethod
+    def fires_ahead(job: JobClock) -> bool:
+        """Whether `job`'s fires may be committed before they are due: only under
+        concurrency_policy ALLOW, where nothing is decided by what else runs at the time
+        (docs/decisions/0027). Never retries: their delay is the backoff."""
+        try:
+            return job.definition.concurrency_policy == "ALLOW"
+        except ValidationError:
+            return False  # suspended when it is due, by _plan_job
 
     def _plan_job(self, job: JobClock, now_ms: int, plan: FirePlan, limit: int) -> None:
         try:

@@ -14,8 +14,10 @@ Takeover, in this order (docs/decisions/0002-scheduler-election-and-fencing.md):
    transaction; then fire.
 
 Each round of the fire loop commits, in one transaction: the JobDue records of every
-timer due now, the new state of each fired job, tombstones of fired retries, the
-effects of newly read definitions and the consumer offset of those definitions.
+timer due now (and of the ALLOW jobs' fires due within `scheduler_fire_ahead_ms`, which
+the workers start at their time: docs/decisions/0027), the new state of each fired
+job, tombstones of fired retries, the effects of newly read definitions and the consumer
+offset of those definitions.
 """
 
 from __future__ import annotations
@@ -309,12 +311,13 @@ class Leader:
 
     async def _fire_loop(self) -> None:
         last_round = 0.0
+        ahead = self.settings.scheduler_fire_ahead_ms
         while self._active:
             now = time_ms()
             due = self.clock.next_due_ms()
             if (not self._pending_defs and not self._pending_fixes
-                    and (due is None or due > now)):
-                timeout = 1.0 if due is None else min(1.0, (due - now) / 1000)
+                    and (due is None or due > now + ahead)):
+                timeout = 1.0 if due is None else min(1.0, (due - ahead - now) / 1000)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -341,7 +344,7 @@ class Leader:
             offsets = None
             if defs:
                 offsets = [TopicPartition(self.topics.job_definitions, 0, position(defs[-1])[2] + 1)]
-            plan = self.clock.plan(now_ms, FIRE_LIMIT)
+            plan = self.clock.plan(now_ms, FIRE_LIMIT, self.settings.scheduler_fire_ahead_ms)
             records += self.out.fires(plan, self._fire_spans)
             records += self.out.suspension_alerts()
             planned_ms = time_ms()

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from datetime import datetime
 from functools import partial
 from typing import Any, Protocol
 from uuid import UUID
@@ -50,7 +51,7 @@ from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
 from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
-from cronstream.shared.inbound import Inbound
+from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
     ConsumerThread,
@@ -84,6 +85,10 @@ PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the 
 # and ends of many executions instead of one transaction each (a transaction costs the
 # broker far more than a record); idle, nothing waits for it.
 TURN_GAP_SECONDS = 0.02
+# A record scheduled at most this far ahead waits for its time (a fire committed ahead:
+# docs/decisions/0027, scheduler_fire_ahead_ms ≤ 1 s, plus clock skew); one scheduled
+# further ahead was not put there by a fire ahead, and starts at once.
+HOLD_AT_MOST_SECONDS = 2.0
 
 
 class Runner(Protocol):
@@ -125,6 +130,12 @@ class WorkerService:
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
         self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
         self._tier_of: dict[str, str] = {}
+        # Records that wait for their scheduled_at (a fire committed ahead), each partition's
+        # in offset order: the first held record of a partition and every later one of that
+        # partition, decoded or (None) not yet; and the earliest time one is due (epoch
+        # seconds). _next_buffered.
+        self._held: dict[tuple[str, int], deque[list[Any]]] = {}
+        self._hold_until: float | None = None
         # Backpressure. Pausing discards librdkafka's prefetched records, which it fetches
         # again on resume (and paused and resumed often, stale fetches pile up in its queue:
         # librdkafka #5218): under a backlog that is the worker refetching, and decoding,
@@ -247,8 +258,7 @@ class WorkerService:
             waited_seconds=round(waited, 1), reason=reason)
         old, self._consumer = self._consumer, None
         await old.close()  # a static member does not leave the group on close
-        for q in self._buffer.values():
-            q.clear()
+        self._clear_buffer()
         self._assignments += 1
         self._consumer = ConsumerThread(self._consumer_conf, "worker")
         await self._subscribe()
@@ -261,7 +271,12 @@ class WorkerService:
     # -- the poll loop --------------------------------------------------------------
 
     def _buffered(self) -> int:
-        return sum(len(q) for q in self._buffer.values())
+        return sum(len(q) for q in self._buffer.values()) + sum(len(q) for q in self._held.values())
+
+    def _clear_buffer(self) -> None:
+        for q in self._buffer.values():
+            q.clear()
+        self._held.clear()
 
     async def _poll_loop(self, stopping: asyncio.Event) -> None:
         assert self._consumer is not None
@@ -274,6 +289,8 @@ class WorkerService:
             # Finished executions are reported within one turn gap of the last turn.
             since = time.monotonic() - self._last_turn
             timeout = max(0.0, TURN_GAP_SECONDS - since) if self._finished else (0.02 if busy else 0.1)
+            if self._hold_until is not None:  # wake when the first held record is due
+                timeout = min(timeout, max(0.0, self._hold_until - time.time()))
             messages = await self._consumer.consume(max(1, room), timeout)
             waiting = self._waiting_since
             if waiting is not None and time.monotonic() - waiting > self.settings.worker_rejoin_after_seconds:
@@ -322,13 +339,15 @@ class WorkerService:
         free = self.capacity - busy if starting and self.status == "ACTIVE" else 0
         if time.monotonic() < self._fill_until:
             free = 0
+        now = now_utc()
+        self._hold_until = None
         while free > len(starts):
-            msg = self._next_buffered()
-            if msg is None:
+            head = self._next_buffered(batch, now)
+            if head is None:
                 break
+            msg, due = head
             batch.records.append(msg)
             batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
-            due = batch.read(decode_due, msg)
             if due is None or due.execution_id in self.running:
                 continue  # dead-lettered, or a redelivery of what already runs here
             run = Running(due, self._hop(due, msg), now_utc())
@@ -385,11 +404,49 @@ class WorkerService:
                                delivery=due.delivery, worker_id=self.worker_id) if recording() else None
         return Hop("cronstream.run", msg.headers(), attributes=attributes)
 
-    def _next_buffered(self) -> Message | None:
+    def _next_buffered(self, batch: Batch, now: datetime
+                       ) -> tuple[Message, DueRecord | None] | None:
+        """The next record to start and its JobDue (None: dead-lettered into `batch`), by
+        priority tier, never before its scheduled_at. A fire committed ahead (docs/decisions/
+        0027) waits for its time, and so does what follows it in its partition, so that the
+        partition's offsets commit in order; other partitions go on."""
         for priority in PRIORITIES:
-            if self._buffer[priority]:
-                return self._buffer[priority].popleft()
+            for key, held in self._held.items():
+                if self._tier_of.get(key[0], "low") != priority:
+                    continue
+                entry = held[0]
+                if entry[1] is None:
+                    entry[1] = batch.read(decode_due, entry[0])
+                if entry[1] is not None and self._hold(entry[1], now):
+                    continue
+                held.popleft()
+                if not held:
+                    del self._held[key]
+                return entry[0], entry[1]
+            tier = self._buffer[priority]
+            while tier:
+                msg = tier.popleft()
+                key = (msg.topic() or "", msg.partition() or 0)
+                behind = self._held.get(key)
+                if behind is not None:
+                    behind.append([msg, None])  # decoded when its turn comes
+                    continue
+                due = batch.read(decode_due, msg)
+                if due is not None and self._hold(due, now):
+                    self._held[key] = deque([[msg, due]])
+                    continue
+                return msg, due
         return None
+
+    def _hold(self, due: DueRecord, now: datetime) -> bool:
+        """Whether `due` waits for its scheduled_at (then noted as a time to wake)."""
+        wait = (due.scheduled_at - now).total_seconds()
+        if not 0 < wait <= HOLD_AT_MOST_SECONDS:
+            return False
+        until = time.time() + wait
+        if self._hold_until is None or until < self._hold_until:
+            self._hold_until = until
+        return True
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> bool:
         """Commit one turn; whether it committed (read back when the outcome is unknown)."""
@@ -436,8 +493,7 @@ class WorkerService:
     async def _rewind(self) -> None:
         """Drop the buffer and seek every assigned partition back to its committed offset."""
         assert self._consumer is not None
-        for q in self._buffer.values():
-            q.clear()
+        self._clear_buffer()
         consumer = self._consumer.consumer
 
         def seek_back() -> None:
@@ -499,8 +555,7 @@ class WorkerService:
         self.status = "DRAINING"
         await self._heartbeats.last("DRAINING")
         await self._set_paused(True)
-        for q in self._buffer.values():
-            q.clear()  # not committed: the partitions' next owner reads them again
+        self._clear_buffer()  # not committed: the partitions' next owner reads them again
         log(logger, "worker_draining", worker_id=self.worker_id, running=len(self.running),
             grace_seconds=self.settings.worker_drain_grace_seconds)
         deadline = time.monotonic() + self.settings.worker_drain_grace_seconds
@@ -573,6 +628,8 @@ class WorkerService:
                 for priority, q in self._buffer.items():
                     self._buffer[priority] = deque(
                         m for m in q if (m.topic(), m.partition()) not in revoked)
+                for key in revoked & self._held.keys():
+                    del self._held[key]
 
             self._loop.call_soon_threadsafe(drop)
         consumer.unassign()

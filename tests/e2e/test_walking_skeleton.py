@@ -42,6 +42,8 @@ def test_interval_job_published_by_a_plain_producer_completes_on_its_grid(
         assert json.loads(row["result"]) == params
         assert row["worker_id"] == "w1"
         assert row["queued_at"] <= row["started_at"] <= row["completed_at"]
+        # Queued ahead of its time, maybe (decision 0027); never started before it.
+        assert row["scheduled_at"] <= row["started_at"], row
 
     first = rows[0]["execution_id"]
     statuses = {r["status"] for r in sql(

@@ -54,6 +54,30 @@ def test_fires_at_the_instant_and_advances_only_on_commit() -> None:
     assert not clock.plan(ms(T0 + timedelta(seconds=9)))
 
 
+def test_allow_jobs_fire_ahead_the_others_and_retries_when_due() -> None:
+    clock = Clock()
+    for d in (definition("allow"), definition("forbid", concurrency_policy="FORBID"),
+              definition("replace", concurrency_policy="REPLACE")):
+        clock.apply_definition(d.job_id, d, d.to_json(), offset=0, observed_ms=ms(T0))
+    clock.add_retry(RetryRequest(
+        execution_id=uuid.uuid4(), job_id="allow", run_id=uuid.uuid4(), scheduled_at=T0,
+        attempt_number=2, reason="RETRY", idempotency_key="k", job=JobSnapshot(handler="noop"),
+        due_at=T0))
+    before = ms(T0) - 100
+    assert not clock.plan(before, ahead_ms=99)  # nothing due within the window
+    plan = clock.plan(before, ahead_ms=150)
+    assert [(d.job_id, d.scheduled_ms) for d in plan.dues] == [("allow", ms(T0))]
+    assert [json.loads(d.value)["scheduled_at"] for d in plan.dues] == ["2026-06-01T12:00:00Z"]
+    clock.commit(plan)
+    # Held back, not lost: each of the others fires once it is due.
+    assert clock.next_due_ms() == ms(T0)
+    assert not clock.plan(ms(T0) - 1, ahead_ms=150)
+    due = clock.plan(ms(T0), ahead_ms=150)
+    assert sorted(d.job_id for d in due.dues) == ["allow", "forbid", "replace"]
+    assert len(due.fired_retries) == 1
+    assert ms(T0 + timedelta(seconds=10)) not in [d.scheduled_ms for d in due.dues]
+
+
 def late(clock: Clock, seconds: float) -> list[datetime]:
     plan = clock.plan(ms(T0 + timedelta(seconds=seconds)))
     clock.commit(plan)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -76,12 +76,13 @@ def worker(bus: MemoryBus) -> tuple[WorkerService, SlowProducer, HeldRunner]:
     return service, producer, runner
 
 
-def due_on(bus: MemoryBus, partition: int) -> tuple[JobDue, Message]:
-    """A JobDue appended to the work topic's `partition`, and its record."""
+def due_on(bus: MemoryBus, partition: int, at: datetime = datetime(2026, 11, 30, tzinfo=UTC),
+           topic: str = WORK) -> tuple[JobDue, Message]:
+    """A JobDue scheduled `at`, appended to `topic`'s `partition`, and its record."""
     due = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
-                 scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="SCHEDULE",
+                 scheduled_at=at, reason="SCHEDULE",
                  idempotency_key="k", job=JobSnapshot(handler="noop"))
-    return due, bus.append(WORK, b"job", due.to_json(), partition=partition)
+    return due, bus.append(topic, b"job", due.to_json(), partition=partition)
 
 
 def buffer_one(bus: MemoryBus, service: WorkerService) -> JobDue:
@@ -210,6 +211,43 @@ def test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause() 
         service._on_assign(consumer, [TopicPartition(WORK, 0)])  # type: ignore[arg-type]
         await until(lambda: service._buffered() > 0)
         assert {m.partition() for q in service._buffer.values() for m in q} == {0}
+        await stop(service, loop, stopping, runner)
+
+    asyncio.run(scenario())
+
+
+def test_a_fire_committed_ahead_starts_at_its_scheduled_time_not_before() -> None:
+    """The scheduler commits fires up to `scheduler_fire_ahead_ms` early (decision 0027).
+    A worker holds such a record until its scheduled_at, and what follows it in its
+    partition waits behind it (so the partition's offsets commit in order); due records of
+    other partitions and tiers start at once."""
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        producer.gate.set()
+        high = T.work("high", "default")
+        service._tier_of[high] = "high"
+        consumer = service._consumer.consumer  # type: ignore[union-attr]
+        consumer.assign([TopicPartition(WORK, 0), TopicPartition(WORK, 1), TopicPartition(high, 0)])
+        at = datetime.now(UTC) + timedelta(milliseconds=400)
+        ahead, _ = due_on(bus, 0, at)
+        behind, _ = due_on(bus, 0)  # due long ago, after the held one in its partition
+        other, _ = due_on(bus, 1)  # due, in another partition of the same tier
+        urgent, _ = due_on(bus, 0, topic=high)
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+
+        await until(lambda: len(runner.started) == 2)
+        assert runner.started == [urgent.execution_id, other.execution_id]
+        assert datetime.now(UTC) < at  # the held record has not started: its time is to come
+        assert (WORK, 0) not in bus.committed  # nor is its partition's offset committed
+        assert bus.committed[(WORK, 1)] == 1
+        await until(lambda: len(runner.started) == 4)
+        assert runner.started[2:] == [ahead.execution_id, behind.execution_id]
+        started = {e["execution_id"]: e["started_at"] for e in bus.values(T.execution_events)
+                   if e["status"] == "RUNNING"}
+        assert datetime.fromisoformat(started[str(ahead.execution_id)]) >= at
+        assert bus.committed[(WORK, 0)] == 2
         await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
