@@ -16,6 +16,19 @@ from typing import Any
 
 import asyncpg
 
+# A session that ended under the statement: the connection is gone (the pool discards
+# it), and so may be the server's last commits. Besides the lost connection itself:
+# - the server ending the session, at a shutdown (57P01) or while it restarts after
+#   another backend crashed (57P02, crash recovery: pg_postmaster_start_time() does not
+#   move, so only this error tells);
+# - asyncpg's InternalClientError "cannot switch to state N; another operation (2) is in
+#   progress": a session terminated mid-transaction leaves the protocol consuming the
+#   error when the rollback comes (MagicStack/asyncpg#784, sqlalchemy#13241). Seen in the
+#   chaos suite's PostgreSQL SIGKILL, where it stopped the monitor.
+SESSION_LOST: tuple[type[Exception], ...] = (
+    asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+    asyncpg.AdminShutdownError, asyncpg.CrashShutdownError)
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _LOCK_KEY = 0x63726F6E  # "cron"

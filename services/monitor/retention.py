@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from cronstream.shared.db import query
+from cronstream.shared.db import SESSION_LOST, query
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -105,6 +105,10 @@ async def sweep(pool: asyncpg.Pool, settings: Settings, stopping: asyncio.Event)
             await conn.execute(query("retention_unlock", SQL), _LOCK_KEY)
 
 
+# A sweep that fails is tried again at the next one: the database away, or any error of its.
+SWEEP_FAILED: tuple[type[Exception], ...] = (asyncpg.PostgresError, *SESSION_LOST, OSError)
+
+
 async def retention_loop(pool: asyncpg.Pool, settings: Settings, stopping: asyncio.Event) -> None:
     """The monitor's schedule: a sweep at start, then every `retention_interval_seconds`.
     A failed sweep is logged and tried again next time (retention is never urgent)."""
@@ -114,7 +118,7 @@ async def retention_loop(pool: asyncpg.Pool, settings: Settings, stopping: async
     while not stopping.is_set():
         try:
             pruned = await sweep(pool, settings, stopping)
-        except (asyncpg.PostgresError, OSError) as exc:
+        except SWEEP_FAILED as exc:
             log(logger, "retention_failed", logging.WARNING, error=str(exc))
         else:
             if pruned is not None:

@@ -41,7 +41,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
-from cronstream.shared.db import query
+from cronstream.shared.db import SESSION_LOST, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
@@ -74,14 +74,16 @@ BATCH = 5000
 # projection runs at most this much later; start lag is not affected.
 BATCH_GAP_SECONDS = 0.25
 HOUSEKEEPING_SECONDS = 1.0
-# Errors that mean "the database is away", waited out; anything else is a bug or a bad
-# record and is retried a few times before the service gives up.
+
+
 class DatabaseRestarted(ConnectionError):
     """The database server restarted since the last write: it may have lost commits."""
 
 
-UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, TimeoutError,
-               asyncpg.CannotConnectNowError, DatabaseRestarted)
+# Errors that mean "the database is away", waited out; anything else is a bug or a bad
+# record and is retried a few times before the service gives up.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    *SESSION_LOST, OSError, TimeoutError, asyncpg.CannotConnectNowError, DatabaseRestarted)
 RETRIABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
 
@@ -311,7 +313,7 @@ class MonitorService:
             try:
                 async with fresh.conn.transaction():  # a savepoint: one command, all or nothing
                     records += await self.decisions.apply(fresh.conn, command)
-            except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError):
+            except SESSION_LOST:
                 raise
             except Exception as exc:  # one bad command never stops the projection
                 log(logger, "command_failed", logging.ERROR, command=command.command,

@@ -67,6 +67,43 @@ def test_a_killed_monitor_resumes_exactly_once(processes: Processes, topics: Set
     assert actual == expected
 
 
+def test_the_monitor_rides_out_its_database_sessions_ending_mid_batch(
+        processes: Processes, topics: Settings) -> None:
+    # PostgreSQL ending the monitor's sessions (a failover, an operator, a restart) may
+    # end one inside a batch's transaction; asyncpg then raises whatever the protocol was
+    # in the middle of. The monitor must neither stop nor skip nor repeat an event.
+    services = processes.system()
+    for i in range(20):
+        produce_json(topics, topics.topics.job_definitions, f"steady-{i}", {
+            "job_id": f"steady-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
+
+    def projected() -> int:
+        return int(sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"])
+
+    eventually(lambda: projected() > 100, 30, message="events flowing")
+    ended = 0
+    for _ in range(25):
+        before = projected()
+        ended += sql(topics.database_url, "SELECT count(pg_terminate_backend(pid)) AS n "
+                     "FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid()")[0]["n"]
+        eventually(lambda before=before: projected() > before, 30,
+                   message="projecting again after the sessions ended")
+    assert ended >= 25
+    assert services["monitor"].proc.poll() is None, "the monitor stopped"
+    assert services["scheduler"].stop() == 0  # let the stream come to rest
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+                           "WHERE status NOT IN ('COMPLETED')")[0]["n"] == 0, 30, message="all done")
+    eventually(lambda: projection_equals_log(topics), 30, message="execution_events equals the topic")
+    on_topic = [ExecutionEvent.model_validate_json(m.value())
+                for m in read_all(topics, topics.topics.execution_events)]
+    expected = {k: (p.status, p.attempt_number) for k, p in fold(on_topic).items()}
+    actual = {r["execution_id"]: (r["status"], r["attempt_number"])
+              for r in sql(topics.database_url, "SELECT * FROM job_executions")}
+    assert actual == expected
+    assert services["monitor"].proc.poll() is None, "the monitor stopped"
+
+
 def test_monitors_joining_and_leaving_mid_stream_project_every_event_once(
     processes: Processes, topics: Settings,
 ) -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import asyncpg
 import pytest
 from confluent_kafka import Message
 from pydantic import ValidationError
@@ -260,3 +261,45 @@ def test_a_service_that_fails_with_a_thread_stuck_still_exits_and_says_where() -
     output = done.stdout + done.stderr
     assert "action=shutdown_overdue" in output and "reason=RuntimeError" in output
     assert "stuck_for_an_hour" in output, "the stuck thread's stack is in the log"
+
+
+class _SessionEnds:
+    """A projection store whose every transaction ends with `error` (the monitor's
+    ProjectionStore interface: `transaction(batch)`), counting the attempts."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.attempts = error, 0
+
+    def transaction(self, batch: object) -> object:
+        store = self
+
+        class _Transaction:
+            async def __aenter__(self) -> None:
+                store.attempts += 1
+                raise store.error
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+        return _Transaction()
+
+
+@pytest.mark.parametrize("error", [
+    asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress"),
+    asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+    asyncpg.CrashShutdownError("terminating connection because of crash of another server process"),
+    asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+], ids=lambda e: type(e).__name__)
+def test_a_database_session_that_ends_mid_batch_resyncs_the_projection(error: Exception) -> None:
+    # Each of these ends the session, and may have lost the server's last commits: the
+    # batch is given up at once and the projection resumes from what PostgreSQL holds.
+    # asyncpg's InternalClientError, seen when PostgreSQL was killed, stopped the monitor.
+    from cronstream.services.monitor.decoding import MonitorBatch
+    from cronstream.services.monitor.service import MonitorService
+
+    monitor = MonitorService(Settings(topic_prefix="t.", topic_partitions=3))
+    store = _SessionEnds(error)
+    monitor._store, monitor._producer = store, object()  # type: ignore[assignment]
+    offsets = asyncio.run(monitor._project_patiently(MonitorBatch()))
+    assert offsets == [] and store.attempts == 1
+    assert monitor._database_lost and monitor.health.live()[0]
