@@ -40,31 +40,48 @@ def status_of(settings: Settings, job_id: str) -> str | None:
     return found[-1]["status"] if found else None
 
 
+def define_steady_jobs(settings: Settings, prefix: str, count: int) -> None:
+    """`count` no-op jobs firing every second."""
+    for i in range(count):
+        produce_json(settings, settings.topics.job_definitions, f"{prefix}-{i}", {
+            "job_id": f"{prefix}-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
+
+
+def projected(settings: Settings) -> int:
+    return int(sql(settings.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"])
+
+
+def assert_projection_is_the_log(settings: Settings, timeout: float = 30) -> list[ExecutionEvent]:
+    """Once the stream is at rest: `execution_events` holds the topic's events, each once,
+    and `job_executions` is their fold. Returns the topic's events."""
+    eventually(lambda: projection_equals_log(settings), timeout, message="execution_events equals the topic")
+    on_topic = [ExecutionEvent.model_validate_json(m.value())
+                for m in read_all(settings, settings.topics.execution_events)]
+    expected = {k: (p.status, p.attempt_number) for k, p in fold(on_topic).items()}
+    actual = {r["execution_id"]: (r["status"], r["attempt_number"])
+              for r in sql(settings.database_url, "SELECT * FROM job_executions")}
+    assert actual == expected
+    return on_topic
+
+
+def all_completed(settings: Settings) -> bool:
+    return sql(settings.database_url, "SELECT count(*) AS n FROM job_executions "
+               "WHERE status NOT IN ('COMPLETED')")[0]["n"] == 0
+
+
 def test_a_killed_monitor_resumes_exactly_once(processes: Processes, topics: Settings) -> None:
     services = processes.system()
-    for i in range(10):
-        produce_json(topics, topics.topics.job_definitions, f"steady-{i}", {
-            "job_id": f"steady-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
-    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"] > 100,
-               30, message="events flowing")
+    define_steady_jobs(topics, "steady", 10)
+    eventually(lambda: projected(topics) > 100, 30, message="events flowing")
     services["monitor"].signal(signal.SIGKILL)
     services["monitor"].proc.wait(10)
     eventually(lambda: len(read_all(topics, topics.topics.execution_events)) > 400, 30,
                message="events pile up while the monitor is down")
     processes.start("monitor", name="monitor-2")
     assert services["scheduler"].stop() == 0  # let the stream come to rest
-    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
-                           "WHERE status NOT IN ('COMPLETED')")[0]["n"] == 0, 30, message="all done")
-
-
-    eventually(lambda: projection_equals_log(topics), 30, message="execution_events equals the topic")
-    on_topic = [ExecutionEvent.model_validate_json(m.value())
-                for m in read_all(topics, topics.topics.execution_events)]
+    eventually(lambda: all_completed(topics), 30, message="all done")
+    on_topic = assert_projection_is_the_log(topics)
     assert len({e.event_id for e in on_topic}) == len(on_topic)
-    expected = {k: (p.status, p.attempt_number) for k, p in fold(on_topic).items()}
-    actual = {r["execution_id"]: (r["status"], r["attempt_number"])
-              for r in sql(topics.database_url, "SELECT * FROM job_executions")}
-    assert actual == expected
 
 
 def test_the_monitor_rides_out_its_database_sessions_ending_mid_batch(
@@ -73,34 +90,21 @@ def test_the_monitor_rides_out_its_database_sessions_ending_mid_batch(
     # end one inside a batch's transaction; asyncpg then raises whatever the protocol was
     # in the middle of. The monitor must neither stop nor skip nor repeat an event.
     services = processes.system()
-    for i in range(20):
-        produce_json(topics, topics.topics.job_definitions, f"steady-{i}", {
-            "job_id": f"steady-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
-
-    def projected() -> int:
-        return int(sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"])
-
-    eventually(lambda: projected() > 100, 30, message="events flowing")
+    define_steady_jobs(topics, "steady", 20)
+    eventually(lambda: projected(topics) > 100, 30, message="events flowing")
     ended = 0
     for _ in range(25):
-        before = projected()
+        before = projected(topics)
         ended += sql(topics.database_url, "SELECT count(pg_terminate_backend(pid)) AS n "
                      "FROM pg_stat_activity WHERE datname = current_database() "
                      "AND pid <> pg_backend_pid()")[0]["n"]
-        eventually(lambda before=before: projected() > before, 30,
+        eventually(lambda before=before: projected(topics) > before, 30,
                    message="projecting again after the sessions ended")
     assert ended >= 25
     assert services["monitor"].proc.poll() is None, "the monitor stopped"
     assert services["scheduler"].stop() == 0  # let the stream come to rest
-    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
-                           "WHERE status NOT IN ('COMPLETED')")[0]["n"] == 0, 30, message="all done")
-    eventually(lambda: projection_equals_log(topics), 30, message="execution_events equals the topic")
-    on_topic = [ExecutionEvent.model_validate_json(m.value())
-                for m in read_all(topics, topics.topics.execution_events)]
-    expected = {k: (p.status, p.attempt_number) for k, p in fold(on_topic).items()}
-    actual = {r["execution_id"]: (r["status"], r["attempt_number"])
-              for r in sql(topics.database_url, "SELECT * FROM job_executions")}
-    assert actual == expected
+    eventually(lambda: all_completed(topics), 30, message="all done")
+    assert_projection_is_the_log(topics)
     assert services["monitor"].proc.poll() is None, "the monitor stopped"
 
 
@@ -108,25 +112,14 @@ def test_monitors_joining_and_leaving_mid_stream_project_every_event_once(
     processes: Processes, topics: Settings,
 ) -> None:
     services = processes.system()
-    for i in range(10):
-        produce_json(topics, topics.topics.job_definitions, f"busy-{i}", {
-            "job_id": f"busy-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
-    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"] > 60,
-               30, message="events flowing")
+    define_steady_jobs(topics, "busy", 10)
+    eventually(lambda: projected(topics) > 60, 30, message="events flowing")
     second = processes.start("monitor", "--instance-id", "m2", name="monitor-2")  # a rebalance
     second.wait_for_log("action=partitions_assigned")
-    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"] > 200,
-               30, message="both project")
+    eventually(lambda: projected(topics) > 200, 30, message="both project")
     assert services["monitor"].stop() == 0  # another rebalance
     assert services["scheduler"].stop() == 0
-
-
-    eventually(lambda: projection_equals_log(topics), 40, message="execution_events equals the topic")
-    on_topic = [ExecutionEvent.model_validate_json(m.value())
-                for m in read_all(topics, topics.topics.execution_events)]
-    expected = {k: p.status for k, p in fold(on_topic).items()}
-    assert {r["execution_id"]: r["status"] for r in sql(topics.database_url,
-            "SELECT execution_id, status FROM job_executions")} == expected
+    assert_projection_is_the_log(topics, timeout=40)
 
 
 def running_row(settings: Settings, job_id: str) -> Any:
