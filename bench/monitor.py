@@ -5,8 +5,8 @@
 
 - projection, projection_two_monitors: a backlog of 50,000 execution events (10,000
   executions × QUEUED, RUNNING, PROGRESS, PROGRESS, COMPLETED) projected by one (two)
-  monitors started afterwards; events/s until `execution_events` holds them all.
-  Target ≥ 20,000/s.
+  monitors started afterwards; events/s until `execution_events` holds them all, and the
+  CPU the monitors and PostgreSQL spent per event. Target ≥ 20,000/s.
 - catch_up: the whole system at a steady rate (BENCH_RATE, default 1,000 executions/s on
   this 2-core machine), the monitor stopped for 60 s, then restarted: time until its
   projection is current again.
@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.harness import BenchSystem, run_benches
+from bench.harness import BenchSystem, run_benches, server_pids, tree_cpu
 from cronstream.client import Client
 from cronstream.shared.records import ExecutionEvent, JobDefinition
 from tests.support import eventually, sql
@@ -63,12 +63,18 @@ def projection(count: int = 1) -> dict[str, Any]:
                 total += 1
         assert producer.flush(60) == 0
         url = system.settings.database_url
+        postgres = server_pids(system.settings)["postgres"]
+        postgres_before = sum(tree_cpu(pid) for pid in postgres)
         started = time.monotonic()
         monitors = [system.start("monitor", "--instance-id", f"m{i}", name=f"monitor-{i}")
                     for i in range(count)]
         eventually(lambda: sql(url, "SELECT count(*) AS n FROM execution_events")[0]["n"] >= total,
                    300, interval=0.2, message="the backlog projected")
         elapsed = time.monotonic() - started
+        # CPU of the whole projection, the monitors' start included (about a second of
+        # imports each): what a change to the monitor's cost per event moves.
+        monitor_cpu = sum(tree_cpu(m.pid) for m in monitors)
+        postgres_cpu = sum(tree_cpu(pid) for pid in postgres) - postgres_before
         finished = datetime.now(UTC)
         assigned = min(re.findall(r"ts=(\S+) level=info service=monitor action=partitions_assigned",
                                   m.log())[-1] for m in monitors)  # the log may hold earlier runs
@@ -79,7 +85,9 @@ def projection(count: int = 1) -> dict[str, Any]:
                 "events_per_second_including_start": round(total / elapsed),
                 "seconds_from_assignment": round(since_assignment.total_seconds(), 2),
                 "events_per_second_from_assignment": round(total / since_assignment.total_seconds()),
-                "completed_rows": done}
+                "completed_rows": done,
+                "cpu_us_per_event": {"monitor": round(monitor_cpu / total * 1e6, 1),
+                                     "postgres": round(postgres_cpu / total * 1e6, 1)}}
     finally:
         system.close()
 

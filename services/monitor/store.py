@@ -88,6 +88,35 @@ async def stage(conn: Any, table: str, rows: list[tuple[Any, ...]], sanitize: bo
     await conn.copy_records_to_table(table, records=rows)
 
 
+# execution_events' columns in `event_rows`' order (recorded_at takes its default).
+_EVENT_COLUMNS = (
+    "event_id", "execution_id", "job_id", "run_id", "status", "attempt_number", "delivery",
+    "scheduled_at", "occurred_at", "worker_id", "started_at", "completed_at", "error_message",
+    "result", "progress", "progress_message", "kafka_partition", "kafka_offset", "trace_id",
+)
+
+
+async def insert_events(conn: Any, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
+    """Append `rows` to `execution_events`, in the open transaction: COPYed straight into
+    the table, which costs PostgreSQL about a third less than through the staging table.
+    An event id the table holds already (the same event published twice: the log is
+    at-least-once for whoever writes it from outside) refuses that COPY, in a savepoint
+    so that the batch's transaction goes on; the batch then goes through the staging
+    table, whose INSERT skips the repeats (docs/decisions/0015)."""
+    if sanitize:
+        rows = [tuple([clean(v) for v in row]) for row in rows]
+    try:
+        async with conn.transaction():
+            await conn.copy_records_to_table("execution_events", records=rows,
+                                             columns=_EVENT_COLUMNS)
+        return
+    except asyncpg.UniqueViolationError:
+        log(logger, "repeated_events_skipped", rows=len(rows),
+            reason="an event id of the batch is projected already")
+    await stage(conn, "staged_events", rows)
+    await conn.execute(query("insert_events"))
+
+
 async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: bool = False) -> None:
     """Apply the patches to `job_executions` through the transition guard, in the open
     transaction."""
@@ -153,8 +182,7 @@ class ProjectionStore:
         tidy = cleaned if sanitize else (lambda columns: columns)
         patches: list[ExecutionPatch] = []
         if fresh.events:
-            await stage(conn, "staged_events", event_rows(fresh.events, fresh.traces), sanitize)
-            await conn.execute(query("insert_events"))
+            await insert_events(conn, event_rows(fresh.events, fresh.traces), sanitize)
             patches = sorted(fold([e for e, _, _ in fresh.events], fresh.traces).values(),
                              key=lambda p: p.execution_id)
             await upsert_patches(conn, patches, sanitize)

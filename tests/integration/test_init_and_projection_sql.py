@@ -9,8 +9,8 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from cronstream.services.monitor.projection import fold
-from cronstream.services.monitor.store import create_staging, upsert_patches
+from cronstream.services.monitor.projection import event_rows, fold
+from cronstream.services.monitor.store import create_staging, insert_events, upsert_patches
 from cronstream.shared.db import apply_migrations, connect, migrations
 from cronstream.shared.kafka import ensure_topics
 from cronstream.shared.records import ExecutionEvent
@@ -95,3 +95,34 @@ def test_guard_stale_deliveries_are_ignored_and_newer_ones_reset_the_run(databas
                           event(e, "COMPLETED", 6, worker_id="w2", delivery=2)])
     r = row(database_url, e)
     assert (r["status"], r["worker_id"], r["delivery"]) == ("COMPLETED", "w2", 2)
+
+
+def test_a_repeated_event_id_is_projected_once_and_the_rest_of_its_batch_lands(
+        database_url: str) -> None:
+    """Events are COPYed straight into execution_events; one whose id is there already (the
+    same event published twice) must neither stop the batch nor be stored twice, and the
+    batch's transaction must go on (its patches and offsets are written after)."""
+    e = uuid.uuid4()
+    queued, running, completed = (event(e, "QUEUED", 1), event(e, "RUNNING", 2, worker_id="w1"),
+                                  event(e, "COMPLETED", 3, worker_id="w1"))
+
+    async def run() -> None:
+        conn = await connect(database_url)
+        try:
+            await create_staging(conn)
+            async with conn.transaction():
+                await insert_events(conn, event_rows([(queued, 0, 10)]))
+            async with conn.transaction():
+                batch = [queued, running, completed]
+                await insert_events(conn, event_rows([(ev, 0, 10 + i) for i, ev in enumerate(batch)]))
+                await upsert_patches(conn, list(fold(batch).values()))
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    stored = sql(database_url, "SELECT event_id, status, kafka_offset FROM execution_events "
+                               "WHERE execution_id = $1 ORDER BY kafka_offset", e)
+    assert [(r["event_id"], r["status"], r["kafka_offset"]) for r in stored] == [
+        (queued.event_id, "QUEUED", 10), (running.event_id, "RUNNING", 11),
+        (completed.event_id, "COMPLETED", 12)]
+    assert row(database_url, e)["status"] == "COMPLETED"
