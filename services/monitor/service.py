@@ -41,7 +41,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
-from cronstream.shared.db import SESSION_LOST, query
+from cronstream.shared.db import SESSION_LOST, fast_timestamps, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
@@ -405,7 +405,8 @@ class MonitorService:
         """Every new connection checks when the server started: a restart noticed before
         anything is written on it (the server came back between two batches, no write
         failed) still resyncs the projection. And it gets the staging tables each batch is
-        copied into."""
+        copied into, and the cheaper timestamptz codec for what it copies."""
+        await fast_timestamps(conn)
         await create_staging(conn)
         started = await conn.fetchval(query("postmaster_started"))
         if self._postmaster_started is not None and started != self._postmaster_started:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
 from cronstream.services.monitor.projection import event_rows, fold
 from cronstream.services.monitor.store import create_staging, insert_events, upsert_patches
-from cronstream.shared.db import apply_migrations, connect, migrations
+from cronstream.shared.db import apply_migrations, connect, fast_timestamps, migrations
 from cronstream.shared.kafka import ensure_topics
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
@@ -126,3 +126,40 @@ def test_a_repeated_event_id_is_projected_once_and_the_rest_of_its_batch_lands(
         (queued.event_id, "QUEUED", 10), (running.event_id, "RUNNING", 11),
         (completed.event_id, "COMPLETED", 12)]
     assert row(database_url, e)["status"] == "COMPLETED"
+
+
+def test_the_fast_timestamptz_codec_agrees_with_asyncpgs_own(database_url: str) -> None:
+    """The monitor's connections encode and decode timestamptz themselves: every value
+    asyncpg takes must be stored as asyncpg stores it, and read back as asyncpg reads it."""
+    values: list[Any] = [
+        datetime(2026, 12, 3, 16, 30, 1, 123456, tzinfo=UTC), datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 29, 1, 30, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+        datetime(2026, 7, 1, 12, 0, 0, 1), date(2026, 2, 28), datetime.max, datetime.min,
+        datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ]
+
+    async def run() -> tuple[list[Any], list[Any], list[Any]]:
+        plain, fast = await connect(database_url), await connect(database_url)
+        try:
+            await fast_timestamps(fast)
+            await plain.execute("CREATE TABLE codec_check (i int, by text, t timestamptz)")
+            for by, conn in (("plain", plain), ("fast", fast)):
+                await conn.copy_records_to_table(
+                    "codec_check", records=[(i, by, v) for i, v in enumerate(values)])
+            stored = await plain.fetch("SELECT i, by, t::text AS t FROM codec_check ORDER BY by, i")
+            read_plain = [r["t"] for r in await plain.fetch(
+                "SELECT t FROM codec_check WHERE by = 'plain' ORDER BY i")]
+            read_fast = [r["t"] for r in await fast.fetch(
+                "SELECT t FROM codec_check WHERE by = 'plain' ORDER BY i")]
+            return [r["t"] for r in stored], read_plain, read_fast
+        finally:
+            await plain.close()
+            await fast.close()
+
+    stored, read_plain, read_fast = asyncio.run(run())
+    fast_text, plain_text = stored[:len(values)], stored[len(values):]
+    assert fast_text == plain_text
+    assert "infinity" in plain_text and "-infinity" in plain_text
+    assert read_fast == read_plain
+    assert [type(v) for v in read_fast] == [type(v) for v in read_plain]
+    assert all(v.tzinfo is not None for v in read_fast if v not in (datetime.max, datetime.min))
