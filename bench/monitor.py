@@ -7,6 +7,9 @@
   executions × QUEUED, RUNNING, PROGRESS, PROGRESS, COMPLETED) projected by one (two)
   monitors started afterwards; events/s until `execution_events` holds them all, and the
   CPU the monitors and PostgreSQL spent per event. Target ≥ 20,000/s.
+- copy_rows: the client CPU of COPYing one execution's rows (three events, one patch) into
+  the staging tables, with the monitor's timestamptz codec and with asyncpg's own
+  (docs/decisions/0015), 3,000 executions a pass, passes interleaved.
 - catch_up: the whole system at a steady rate (BENCH_RATE, default 1,000 executions/s on
   this 2-core machine), the monitor stopped for 60 s, then restarted: time until its
   projection is current again.
@@ -14,8 +17,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import statistics
 import sys
 import time
 import uuid
@@ -26,6 +31,10 @@ from confluent_kafka import Producer
 
 from bench.harness import BenchSystem, run_benches, server_pids, tree_cpu
 from cronstream.client import Client
+from cronstream.services.monitor.projection import event_rows, fold, patch_rows
+from cronstream.services.monitor.store import create_staging
+from cronstream.shared.db import connect, fast_timestamps
+from cronstream.shared.fast_records import decode_event
 from cronstream.shared.records import ExecutionEvent, JobDefinition
 from tests.support import eventually, sql
 
@@ -133,8 +142,58 @@ def catch_up() -> dict[str, Any]:
         system.close()
 
 
+def copy_rows() -> dict[str, Any]:
+    passes, executions = 7, 3000
+    system = BenchSystem("copy_rows")
+    try:
+        t0 = datetime.now(UTC)
+        events = []
+        for i in range(executions):
+            execution, run, job_id = uuid.uuid4(), uuid.uuid4(), f"bench-{i:06d}"
+            for status, extra in (("QUEUED", {"priority": "normal", "queue": "default"}),
+                                  ("RUNNING", {"worker_id": "w1", "started_at": t0}),
+                                  ("COMPLETED", {"worker_id": "w1", "started_at": t0,
+                                                 "completed_at": t0})):
+                event = ExecutionEvent(event_id=uuid.uuid4(), execution_id=execution, job_id=job_id,
+                                       run_id=run, status=status, attempt_number=1,
+                                       scheduled_at=t0, occurred_at=t0, **extra)
+                events.append((decode_event(event.to_json(), job_id.encode()), 0, len(events)))
+        rows = event_rows(events)
+        patches = patch_rows(sorted(fold([e for e, _, _ in events]).values(),
+                                    key=lambda p: p.execution_id))
+
+        async def one(fast: bool) -> float:
+            conn = await connect(system.settings.database_url)
+            try:
+                if fast:
+                    await fast_timestamps(conn)
+                await create_staging(conn)
+                began = time.process_time()
+                async with conn.transaction():
+                    await conn.copy_records_to_table("staged_events", records=rows)
+                    await conn.copy_records_to_table("staged_executions", records=patches)
+                return (time.process_time() - began) / executions * 1e6
+            finally:
+                await conn.close()
+
+        async def measure() -> dict[str, list[float]]:
+            figures: dict[str, list[float]] = {"asyncpg": [], "monitor": []}
+            for _ in range(passes):
+                figures["asyncpg"].append(await one(False))
+                figures["monitor"].append(await one(True))
+            return figures
+
+        figures = asyncio.run(measure())
+        return {"params": {"executions": executions, "passes": passes},
+                "unit": "client CPU µs per execution (3 event rows + 1 patch row)",
+                **{f"{codec}_codec": {"best": round(min(v), 2), "median": round(statistics.median(v), 2)}
+                   for codec, v in figures.items()}}
+    finally:
+        system.close()
+
+
 BENCHES = {"projection": projection, "projection_two_monitors": lambda: projection(2),
-           "catch_up": catch_up}
+           "copy_rows": copy_rows, "catch_up": catch_up}
 
 
 def main(names: list[str] | None = None) -> None:
