@@ -75,6 +75,10 @@ def cleaned(columns: list[list[Any]]) -> list[list[Any]]:
     return [[clean(v) for v in column] for column in columns]
 
 
+def sanitized(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple([clean(v) for v in row]) for row in rows]
+
+
 async def create_staging(conn: asyncpg.Connection) -> None:
     """The connection's staging tables (once per connection, before its first batch)."""
     await conn.execute(query("create_staging"))
@@ -83,9 +87,7 @@ async def create_staging(conn: asyncpg.Connection) -> None:
 async def stage(conn: Any, table: str, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
     """COPY `rows` into the staging `table`, in the open transaction (they are gone at
     its end: ON COMMIT DELETE ROWS)."""
-    if sanitize:
-        rows = [tuple([clean(v) for v in row]) for row in rows]
-    await conn.copy_records_to_table(table, records=rows)
+    await conn.copy_records_to_table(table, records=sanitized(rows) if sanitize else rows)
 
 
 # execution_events' columns in `event_rows`' order (recorded_at takes its default).
@@ -98,13 +100,13 @@ _EVENT_COLUMNS = (
 
 async def insert_events(conn: Any, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
     """Append `rows` to `execution_events`, in the open transaction: COPYed straight into
-    the table, which costs PostgreSQL about a third less than through the staging table.
+    the table: PostgreSQL then writes each event once, not twice through the staging table.
     An event id the table holds already (the same event published twice: the log is
     at-least-once for whoever writes it from outside) refuses that COPY, in a savepoint
     so that the batch's transaction goes on; the batch then goes through the staging
     table, whose INSERT skips the repeats (docs/decisions/0015)."""
     if sanitize:
-        rows = [tuple([clean(v) for v in row]) for row in rows]
+        rows = sanitized(rows)
     try:
         async with conn.transaction():
             await conn.copy_records_to_table("execution_events", records=rows,
