@@ -83,8 +83,17 @@ PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
 PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the first start
 # Turns (transactions) start at least this far apart: under load a turn carries the starts
 # and ends of many executions instead of one transaction each (a transaction costs the
-# broker far more than a record); idle, nothing waits for it.
-TURN_GAP_SECONDS = 0.02
+# broker far more than a record: bench.transactions); idle, nothing waits for it. Records
+# held for their scheduled_at (fires committed ahead) keep this cadence too: each turn
+# starts every one due by then, instead of a transaction per record as it comes due. At
+# 3,000 executions/s, 50 ms instead of 20 ms (and held records no longer waking a turn of
+# their own) took a worker from ~33 to ~20 transactions/s (decision 0012).
+TURN_GAP_SECONDS = 0.05
+# ...but when the slots, not the cadence, held back the last turn's starts (records were
+# waiting and every slot was taken), the next turn may come this soon: a slot is only
+# refilled at a turn, so a worker's rate is at most its slots per turn gap (8 slots, the
+# default, at 50 ms: 160 executions/s of short handlers).
+SLOT_BOUND_TURN_GAP_SECONDS = 0.02
 # A record scheduled at most this far ahead waits for its time (a fire committed ahead:
 # docs/decisions/0027, scheduler_fire_ahead_ms ≤ 1 s, plus clock skew); one scheduled
 # further ahead was not put there by a fire ahead, and starts at once.
@@ -148,6 +157,7 @@ class WorkerService:
         self._paused = False
         self._fill_until = 0.0
         self._last_turn = 0.0
+        self._turn_gap = TURN_GAP_SECONDS  # until the next turn (_turn)
         self._assignments = 0  # bumped by every rebalance callback
         # Since when the worker has waited for an assignment (subscribed or revoked, no
         # assignment since); None while it holds one (even an empty one).
@@ -286,11 +296,12 @@ class WorkerService:
                 self._paused and buffered > self._buffer_limit // 2))
             room = self._buffer_limit - buffered
             busy = self.running or self._finished or buffered
-            # Finished executions are reported within one turn gap of the last turn.
-            since = time.monotonic() - self._last_turn
-            timeout = max(0.0, TURN_GAP_SECONDS - since) if self._finished else (0.02 if busy else 0.1)
+            # Finished executions are reported, and held records started, within one turn
+            # gap of the last turn; never sooner than that after it.
+            gap = max(0.0, self._turn_gap - (time.monotonic() - self._last_turn))
+            timeout = gap if self._finished else (max(gap, 0.02) if busy else 0.1)
             if self._hold_until is not None:  # wake when the first held record is due
-                timeout = min(timeout, max(0.0, self._hold_until - time.time()))
+                timeout = min(timeout, max(gap, self._hold_until - time.time()))
             messages = await self._consumer.consume(max(1, room), timeout)
             waiting = self._waiting_since
             if waiting is not None and time.monotonic() - waiting > self.settings.worker_rejoin_after_seconds:
@@ -305,7 +316,8 @@ class WorkerService:
                 continue
             for msg in records:
                 self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
-            await self._turn(starting=True)
+            if time.monotonic() - self._last_turn >= self._turn_gap:
+                await self._turn(starting=True)
             if not messages and not self._finished and not self._events:
                 # Nothing arrived: wait briefly for a handler to finish instead of spinning.
                 self._wake.clear()
@@ -341,7 +353,12 @@ class WorkerService:
             free = 0
         now = now_utc()
         self._hold_until = None
-        while free > len(starts):
+        self._turn_gap = TURN_GAP_SECONDS
+        while True:
+            if free <= len(starts):
+                if free > 0 and any(self._buffer.values()):
+                    self._turn_gap = SLOT_BOUND_TURN_GAP_SECONDS
+                break
             head = self._next_buffered(batch, now)
             if head is None:
                 break

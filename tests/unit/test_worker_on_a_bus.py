@@ -161,7 +161,10 @@ def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> N
         bus = MemoryBus()
         service, producer, runner = worker(bus)
         producer.gate.set()
-        limit = service._buffer_limit
+        # A smaller buffer than a worker's own (the same rules): slots refill a turn at a
+        # time, SLOT_BOUND_TURN_GAP_SECONDS apart, so draining 1,000 would take seconds.
+        limit = service._buffer_limit = 100
+        service._pause_limit = 2 * limit
         for _ in range(2 * limit + 600):
             due_on(bus, 0)
         consumer = service._consumer.consumer  # type: ignore[union-attr]
@@ -248,6 +251,38 @@ def test_a_fire_committed_ahead_starts_at_its_scheduled_time_not_before() -> Non
                    if e["status"] == "RUNNING"}
         assert datetime.fromisoformat(started[str(ahead.execution_id)]) >= at
         assert bus.committed[(WORK, 0)] == 2
+        await stop(service, loop, stopping, runner)
+
+    asyncio.run(scenario())
+
+
+def test_held_records_coming_due_one_by_one_start_in_turns_a_turn_gap_apart() -> None:
+    """Fires committed ahead arrive before their time and come due one after another (jobs
+    spread over the second). Each must start at or after its scheduled_at — and a turn
+    starts every record due by then: a transaction costs the broker milliseconds whatever
+    it holds, so one per record as it comes due would cost a transaction per execution."""
+    from cronstream.services.worker.service import TURN_GAP_SECONDS
+
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus)
+        producer.gate.set()
+        runner.release.set()  # handlers return at once
+        first = datetime.now(UTC) + timedelta(milliseconds=100)
+        spread = timedelta(milliseconds=300)
+        count = 60  # one due every 5 ms
+        dues = [due_on(bus, 0, first + spread * i / count)[0] for i in range(count)]
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+
+        await until(lambda: len(runner.started) == count)
+        assert runner.started == [d.execution_id for d in dues]  # in offset order
+        started = {e["execution_id"]: datetime.fromisoformat(e["started_at"])
+                   for e in bus.values(T.execution_events) if e["status"] == "RUNNING"}
+        assert all(started[str(d.execution_id)] >= d.scheduled_at for d in dues)
+        # 300 ms of fires in turns at least TURN_GAP_SECONDS apart (and one for the
+        # offsets of the first read): far fewer transactions than records.
+        assert producer.transactions <= spread / timedelta(seconds=TURN_GAP_SECONDS) + 3
         await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
