@@ -73,7 +73,7 @@ class Settings(BaseModel):
     # The leader commits the fires of ALLOW jobs up to this long before they are due, and
     # the workers start them at their scheduled_at, never before: the hops in between no
     # longer add to the start lag (docs/decisions/0027). 0: fire when due.
-    scheduler_fire_ahead_ms: Annotated[int, Field(ge=0, le=1000)] = 150
+    scheduler_fire_ahead_ms: Annotated[int, Field(ge=0, le=1000)] = 300
     # A stable name for this instance (scheduler, dispatcher, monitor, analytics): its
     # transactional.id and client ids derive from it, so a restarted instance fences and
     # aborts its predecessor. On Kubernetes: the pod name of a StatefulSet.

@@ -135,6 +135,9 @@ class FirePlan:
     fired_retries: list[UUID] = field(default_factory=list)
     states: list[StateChange] = field(default_factory=list)
     skipped: int = 0
+    # The earliest timer inside the window that waits for its time (it may not fire
+    # ahead): when the next round is needed, at the latest.
+    held_ms: int | None = None
     # (job_id, next_fire_ms, last_fire_ms) to apply on commit; heap entries to restore.
     _updates: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     _popped: list[tuple[int, int, str]] = field(default_factory=list)
@@ -365,6 +368,7 @@ class Clock:
                 self._plan_job(self.jobs[key], now_ms, plan, limit)
         for entry in later:
             heapq.heappush(self._heap, entry)
+        plan.held_ms = min((entry[0] for entry in later), default=None)
         return plan
 
     @staticmethod

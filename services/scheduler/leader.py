@@ -32,7 +32,7 @@ from uuid import UUID
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from opentelemetry.trace import Span, Status, StatusCode
 
-from cronstream.services.scheduler.clock import Clock
+from cronstream.services.scheduler.clock import Clock, FirePlan
 from cronstream.services.scheduler.outbound import LeaderRecords
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.codec import DecodeError, decode, decode_key
@@ -64,6 +64,12 @@ DEFINITIONS_PER_ROUND = 10_000
 # back more than this. 50 ms: a round writes every job-due partition, and moving rounds
 # from 20 to 50 ms apart took a quarter off the broker's CPU at 1,000 fires/s.
 ROUND_GAP_SECONDS = 0.05
+# ...and this far apart while every fire is committed ahead of its time (ALLOW jobs inside
+# `scheduler_fire_ahead_ms`, decision 0027): nothing waits on the round then. A round
+# that fired something due already (a retry, a FORBID or REPLACE job, a late fire), or
+# with such a timer due before this gap is out, keeps the short gap, so the timer path's
+# fire lag stays what ROUND_GAP_SECONDS makes it.
+AHEAD_ROUND_GAP_SECONDS = 0.1
 # ...except when catching up (fires found this late after an outage or a takeover): each
 # round then fires one missed occurrence per job, and waiting between rounds would only
 # hold back the newest fires, which come last.
@@ -72,6 +78,17 @@ CATCH_UP_LAG_MS = 1000
 
 def time_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def next_round_gap(plan: FirePlan, now_ms: int) -> float:
+    """How long after a round that planned `plan` at `now_ms` the next may start: the long
+    gap while everything fired ahead of its time, else the short one — or until the
+    earliest timer that waits for its time is due, if that comes first."""
+    if any(fire.scheduled_ms <= now_ms for fire in plan.dues):
+        return ROUND_GAP_SECONDS
+    if plan.held_ms is None:
+        return AHEAD_ROUND_GAP_SECONDS
+    return min(AHEAD_ROUND_GAP_SECONDS, max(ROUND_GAP_SECONDS, (plan.held_ms - now_ms) / 1000))
 
 
 class Leader:
@@ -95,6 +112,7 @@ class Leader:
         self._caught_up = asyncio.Event()
         self._state_loaded = asyncio.Event()
         self._wake = asyncio.Event()
+        self._round_gap = ROUND_GAP_SECONDS  # until the next round: next_round_gap
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
         self.out = LeaderRecords(self.topics, self.clock)
@@ -322,7 +340,8 @@ class Leader:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            gap = ROUND_GAP_SECONDS - (time.monotonic() - last_round)
+            wait = ROUND_GAP_SECONDS if self._pending_defs or self._pending_fixes else self._round_gap
+            gap = wait - (time.monotonic() - last_round)
             catching_up = due is not None and now - due > CATCH_UP_LAG_MS
             if gap > 0 and not catching_up:
                 await asyncio.sleep(gap)
@@ -366,6 +385,7 @@ class Leader:
             metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
             if plan.skipped:
                 metrics.MISFIRES.labels(outcome="skipped").inc(plan.skipped)
+            self._round_gap = next_round_gap(plan, now_ms)
             if plan.dues:
                 committed_ms = time_ms()
                 retried = len(plan.fired_retries)

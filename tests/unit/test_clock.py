@@ -78,6 +78,37 @@ def test_allow_jobs_fire_ahead_the_others_and_retries_when_due() -> None:
     assert ms(T0 + timedelta(seconds=10)) not in [d.scheduled_ms for d in due.dues]
 
 
+def test_the_next_round_waits_longer_only_while_everything_fires_ahead() -> None:
+    """A round that committed only fires ahead of their time lets the next one wait the
+    long gap; a timer that waits for its time shortens that gap to its instant (never
+    below the short gap); a round that fired something already due keeps the short gap."""
+    from cronstream.services.scheduler.leader import (
+        AHEAD_ROUND_GAP_SECONDS,
+        ROUND_GAP_SECONDS,
+        next_round_gap,
+    )
+    clock = Clock()
+    for d in (definition("allow", start_at=T0),
+              definition("forbid", concurrency_policy="FORBID", start_at=T0 - timedelta(milliseconds=30))):
+        clock.apply_definition(d.job_id, d, d.to_json(), offset=0, observed_ms=ms(T0) - 300)
+    now = ms(T0) - 100
+    plan = clock.plan(now, ahead_ms=300)
+    assert [d.job_id for d in plan.dues] == ["allow"]  # ahead; the FORBID job waits for its time
+    assert plan.held_ms == now + 70
+    assert ROUND_GAP_SECONDS < 0.07 < AHEAD_ROUND_GAP_SECONDS
+    assert next_round_gap(plan, now) == pytest.approx(0.07)  # the next round: at its time
+    clock.commit(plan)
+    due = clock.plan(now + 70, ahead_ms=300)
+    assert [d.job_id for d in due.dues] == ["forbid"]
+    assert next_round_gap(due, now + 70) == ROUND_GAP_SECONDS
+    alone = clock_with(definition("alone"))
+    ahead = alone.plan(ms(T0) - 200, ahead_ms=300)
+    assert ahead.dues and ahead.held_ms is None
+    assert next_round_gap(ahead, ms(T0) - 200) == AHEAD_ROUND_GAP_SECONDS
+    alone.restore(ahead)
+    assert next_round_gap(alone.plan(ms(T0), ahead_ms=300), ms(T0)) == ROUND_GAP_SECONDS
+
+
 def late(clock: Clock, seconds: float) -> list[datetime]:
     plan = clock.plan(ms(T0 + timedelta(seconds=seconds)))
     clock.commit(plan)

@@ -154,3 +154,22 @@ def test_forbid_skips_a_new_run_while_the_last_is_active_across_a_restart() -> N
     assert "concurrency_policy FORBID" in events[1]["error_message"]
     assert json.loads(bus.records(T.work("normal", "default"))[0].value())["execution_id"] == \
         str(first.execution_id)
+
+
+def test_after_a_batch_of_fires_committed_ahead_the_next_batch_waits_longer() -> None:
+    """Fires committed ahead of their time (decision 0027) do not wait on the dispatcher:
+    after a batch whose every JobDue is still at least AHEAD_BATCH_GAP_SECONDS ahead, the
+    next batch may come that much later, and carries that much more in one transaction.
+    One due job that is not that far ahead, or already due, brings the short gap back."""
+    from datetime import timedelta
+
+    from cronstream.services.dispatcher.service import AHEAD_BATCH_GAP_SECONDS, BATCH_GAP_SECONDS
+    bus = MemoryBus()
+    service = dispatcher(bus)
+    soon = datetime.now(UTC) + timedelta(seconds=2 * AHEAD_BATCH_GAP_SECONDS)
+    ahead = [due(f"a{i}").model_copy(update={"scheduled_at": soon}) for i in range(3)]
+    process(service, *[publish(bus, d) for d in ahead])
+    assert service._gap == AHEAD_BATCH_GAP_SECONDS
+    process(service, publish(bus, due("late")), publish(bus, due("a9").model_copy(update={"scheduled_at": soon})))
+    assert service._gap == BATCH_GAP_SECONDS
+    assert statuses(bus) == ["QUEUED"] * 5  # every one queued, whatever the gap
