@@ -342,7 +342,6 @@ class WorkerService:
 
     async def _turn(self, starting: bool) -> None:
         """One transaction: new starts (with offsets), finished executions, progress."""
-        starts: list[Running] = []
         batch = self.inbound.batch([])
         records: list[OutRecord] = []
         # A slot frees when its handler returns, not when its report commits: the report
@@ -351,29 +350,7 @@ class WorkerService:
         free = self.capacity - busy if starting and self.status == "ACTIVE" else 0
         if time.monotonic() < self._fill_until:
             free = 0
-        now = now_utc()
-        self._hold_until = None
-        self._turn_gap = TURN_GAP_SECONDS
-        while True:
-            if free <= len(starts):
-                if free > 0 and any(self._buffer.values()):
-                    self._turn_gap = SLOT_BOUND_TURN_GAP_SECONDS
-                break
-            head = self._next_buffered(batch, now)
-            if head is None:
-                break
-            msg, due = head
-            batch.records.append(msg)
-            batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
-            if due is None or due.execution_id in self.running:
-                continue  # dead-lettered, or a redelivery of what already runs here
-            run = Running(due, self._hop(due, msg), now_utc())
-            cancelled = self.cancellations.get(due.execution_id)
-            if cancelled is not None:
-                records.append(self.reporter.cancelled_before_start(run, *cancelled))
-                continue
-            starts.append(run)
-            records.append(self.reporter.running(run))
+        starts = self._take_starts(free, batch, records)
         records.extend(batch.dead)
         finished, self._finished = self._finished, []
         for done in finished:
@@ -401,6 +378,34 @@ class WorkerService:
         self._start(starts)
         metrics.WORKER_SLOTS_BUSY.set(len(self.running))
         metrics.WORKER_BUFFERED.set(self._buffered())
+
+    def _take_starts(self, free: int, batch: Batch, records: list[OutRecord]) -> list[Running]:
+        """Up to `free` buffered records to start in this turn (their RUNNING events added
+        to `records`, their offsets to `batch`); sets the gap before the next turn."""
+        starts: list[Running] = []
+        now = now_utc()
+        self._hold_until = None
+        self._turn_gap = TURN_GAP_SECONDS
+        while True:
+            if free <= len(starts):
+                if free > 0 and any(self._buffer.values()):
+                    self._turn_gap = SLOT_BOUND_TURN_GAP_SECONDS
+                return starts
+            head = self._next_buffered(batch, now)
+            if head is None:
+                return starts
+            msg, due = head
+            batch.records.append(msg)
+            batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
+            if due is None or due.execution_id in self.running:
+                continue  # dead-lettered, or a redelivery of what already runs here
+            run = Running(due, self._hop(due, msg), now_utc())
+            cancelled = self.cancellations.get(due.execution_id)
+            if cancelled is not None:
+                records.append(self.reporter.cancelled_before_start(run, *cancelled))
+                continue
+            starts.append(run)
+            records.append(self.reporter.running(run))
 
     def _start(self, starts: list[Running]) -> None:
         """Run what this turn's commit started: on the spot when the runner can (inline
