@@ -136,7 +136,8 @@ class Housekeeping:
         for worker_id in ids:
             await self.fence(worker_id)
             fenced_below[worker_id] = await self.event_ends()
-        if not await self.projection_caught_up():
+        ends = [max(column) for column in zip(*fenced_below.values(), strict=True)]
+        if not await self.projection_caught_up(ends):
             log(logger, "requeue_postponed", logging.WARNING, workers=",".join(ids),
                 reason="the projection has not caught up with execution-events yet")
             return
@@ -187,7 +188,7 @@ class Housekeeping:
 
     async def requeue_orphans(self) -> None:
         candidates = await self.pool.fetch(query("orphan_candidates"), ORPHAN_GRACE_SECONDS)
-        if not candidates or not await self.projection_caught_up():
+        if not candidates or not await self.projection_caught_up(await self.event_ends()):
             return
         still = {(r["execution_id"], r["delivery"]) for r in await self.pool.fetch(
             query("still_running"), [r["execution_id"] for r in candidates])}
@@ -204,17 +205,24 @@ class Housekeeping:
 
     # -- is every committed execution event projected? ------------------------------------
 
-    async def projection_caught_up(self, patience: float = CATCH_UP_SECONDS) -> bool:
-        """Whether the projection holds every execution event committed before this call:
-        from each partition's stored offset there is nothing left to read but the end
-        (control records — transaction markers — occupy offsets, so offsets alone cannot
-        tell: a reader placed at the stored offset must meet the end straight away)."""
+    async def projection_caught_up(self, ends: list[int], patience: float = CATCH_UP_SECONDS) -> bool:
+        """Whether the projection holds every execution event committed below `ends` (each
+        partition's high watermark, index = partition, read before this call): its stored
+        offsets have reached them — what a projection that keeps up does within a batch
+        under any load — or, from each stored offset, there is nothing left to read but the
+        end (idle: control records — transaction markers — occupy the last offsets, so a
+        projection that holds everything may store an offset below the high watermark)."""
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
-            if await self._nothing_unprojected():
+            if await self._projected_through(ends) or await self._nothing_unprojected():
                 return True
             await asyncio.sleep(0.2)
         return False
+
+    async def _projected_through(self, ends: list[int]) -> bool:
+        topic = self.topics.execution_events
+        stored = await self.store.stored_offsets()
+        return all(stored.get((topic, p), 0) >= end for p, end in enumerate(ends))
 
     async def _nothing_unprojected(self) -> bool:
         if self._reader is None:

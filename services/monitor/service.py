@@ -63,7 +63,7 @@ from cronstream.shared.telemetry import Headers, Hop, messaging, new_headers, re
 logger = logging.getLogger(__name__)
 
 SERVICE = "monitor"
-BATCH = 5000
+BATCH = 20_000
 # Batches start at least this far apart, unless the last one was full (a backlog: read on
 # at once). Each is one PostgreSQL transaction (rows and offsets), whose fixed cost —
 # round trips, commit, the statements' planning — is most of a small batch's; and the
@@ -73,7 +73,20 @@ BATCH = 5000
 # and PostgreSQL's CPU from ~95 to ~65 µs per execution (decisions 0012, 0017). The
 # projection runs at most this much later; start lag is not affected.
 BATCH_GAP_SECONDS = 0.25
+# ...and this far apart while the records arrive at BUSY_RECORDS_PER_SECOND or more. Fires
+# committed ahead (decision 0027) put ~0.2 s between an execution's QUEUED and its end, so
+# at 250 ms most executions spanned two batches: a row inserted, then updated — and an
+# update that changes `status` rewrites every index entry of the row. A second apart, most
+# executions are one row written once. The projection (the dashboards, DAG steps, requeues)
+# then runs up to a second later, under load only.
+BUSY_BATCH_GAP_SECONDS = 1.0
+BUSY_RECORDS_PER_SECOND = 6_000
 HOUSEKEEPING_SECONDS = 1.0
+
+
+def batch_gap(records: int, seconds: float) -> float:
+    """The gap before the next batch, after one of `records` gathered over `seconds`."""
+    return BUSY_BATCH_GAP_SECONDS if records >= BUSY_RECORDS_PER_SECOND * seconds else BATCH_GAP_SECONDS
 
 
 class DatabaseRestarted(ConnectionError):
@@ -129,7 +142,7 @@ class MonitorService:
         housekeeping = Housekeeping(self.settings, pool, store, producer=producer,
                                     outbound=self.outbound, instance=self.instance)
         conf = consumer_config(self.settings, f"monitor-{self.instance}", self.group,
-                               **{"fetch.min.bytes": 1, "queued.min.messages": 20000})
+                               **{"fetch.min.bytes": 1, "queued.min.messages": 2 * BATCH})
         conf["stats_cb"] = lag_reporter(self.topics, self.group, self.topics.execution_events,
                                         metrics.PROJECTION_LAG)
         consumer = self._consumer = ConsumerThread(conf, "monitor")
@@ -146,19 +159,20 @@ class MonitorService:
                     "retention", partial(retention_loop, pool, self.settings, stopping),
                     self.health, stopping))]
             log(logger, "monitor_started", instance=self.instance)
-            last_batch = 0.0
+            last_batch, gap = 0.0, BATCH_GAP_SECONDS
             while not stopping.is_set() and not writer.done():
                 if self._resync_requested:
                     await self._resync(consumer)
                 if self._kafka_offsets:
                     done, self._kafka_offsets = self._kafka_offsets, []
                     await consumer.call(self._commit_to_kafka, consumer.consumer, done)
-                gap = BATCH_GAP_SECONDS - (time.monotonic() - last_batch)
-                if gap > 0:
-                    await asyncio.sleep(gap)
+                wait = gap - (time.monotonic() - last_batch)
+                if wait > 0:
+                    await asyncio.sleep(wait)
                 epoch = self._epoch  # before the consume: what it returns belongs to this epoch
                 messages = await consumer.consume(BATCH, 0.1)
                 if messages:
+                    gap = batch_gap(len(messages), time.monotonic() - last_batch)
                     last_batch = time.monotonic() if len(messages) < BATCH else 0.0
                     batch = self.decoder.decode(messages)
                     batch.epoch = epoch

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,7 @@ from confluent_kafka import Message, Producer
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
+from cronstream.shared.db import query
 from cronstream.shared.kafka import producer_config
 from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import JobDue, JobSnapshot
@@ -86,7 +88,7 @@ def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(to
                 topics, pool, ProjectionStore(pool, "test", topics.topics), producer=producer,
                 outbound=Outbound(topics.topics), instance="t")
 
-            async def caught_up(patience: float = 0) -> bool:
+            async def caught_up(ends: list[int], patience: float = 0) -> bool:
                 # While the monitor waits for the projection, the new incarnation (which
                 # took the transactional.id after the fence) commits a start, projected.
                 offset = _produce_at(topics, events, b'{"started":"since"}')
@@ -109,3 +111,59 @@ def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(to
     assert statuses.count("REQUEUED") == 1
     assert sql(topics.database_url, "SELECT status FROM workers WHERE worker_id = $1",
                WORKER)[0]["status"] == "OFFLINE"
+
+
+def test_a_projection_that_keeps_up_under_load_has_caught_up_with_a_fence(topics: Settings) -> None:
+    """Under a steady stream of events the log always holds a few the projection has not
+    read yet, so "nothing left to read" never holds: a dead worker's executions were never
+    re-queued while the load lasted. What the re-queue needs is narrower: every event
+    below the ends read after the fence is projected — which a projection that keeps up
+    reaches within a batch."""
+    events = topics.topics.execution_events
+    stop, flowing = threading.Event(), threading.Event()
+
+    def delivered(err: object, _msg: Message) -> None:
+        if err is None:
+            flowing.set()
+
+    def stream() -> None:  # events keep arriving, as under load
+        producer = Producer({"bootstrap.servers": topics.kafka_bootstrap_servers, "linger.ms": 5})
+        while not stop.is_set():
+            for p in range(topics.topic_partitions):
+                producer.produce(events, b"{}", b"job", partition=p, on_delivery=delivered)
+            producer.poll(0.005)
+        producer.flush(10)
+
+    async def scenario() -> tuple[bool, bool]:
+        pool = await asyncpg.create_pool(topics.database_url, min_size=1, max_size=2)
+        store = ProjectionStore(pool, "test", topics.topics)
+        housekeeping = Housekeeping(
+            topics, pool, store, producer=IdempotentProducer(producer_config(topics, "test-monitor")),
+            outbound=Outbound(topics.topics), instance="t")
+        try:
+            ends = await housekeeping.event_ends()
+            assert any(ends)  # the stream is flowing
+
+            async def store_at(offsets: list[int]) -> None:
+                await pool.execute(query("store_offsets"), "test", [events] * len(offsets),
+                                   list(range(len(offsets))), offsets)
+
+            await store_at([max(0, e - 1) for e in ends])  # one event short of the fence
+            short = await housekeeping.projection_caught_up(ends, patience=1.0)
+            await store_at(ends)  # the projection has read past the fence meanwhile
+            past = await housekeeping.projection_caught_up(ends, patience=1.0)
+            return short, past
+        finally:
+            await housekeeping.close()
+            await pool.close()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        assert flowing.wait(30), "the stream never reached the broker"
+        short, past = asyncio.run(scenario())
+    finally:
+        stop.set()
+        thread.join()
+    assert short is False
+    assert past is True

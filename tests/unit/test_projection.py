@@ -52,3 +52,19 @@ def test_a_zombie_report_of_an_older_delivery_is_ignored() -> None:
 def test_progress_alone_means_running() -> None:
     patch = fold([event("PROGRESS", 1, worker_id="w1", progress=10)])[EXECUTION]
     assert patch.status == "RUNNING" and patch.last_event == "PROGRESS"
+
+
+def test_the_projection_batches_a_second_apart_only_under_load() -> None:
+    """Under load the monitor's batches come a second apart, so that an execution's
+    events (QUEUED ~0.2 s before its end) are mostly one row written once; light, every
+    250 ms, so that the dashboards and DAG steps follow closely."""
+    from cronstream.services.monitor.service import (
+        BATCH_GAP_SECONDS,
+        BUSY_BATCH_GAP_SECONDS,
+        BUSY_RECORDS_PER_SECOND,
+        batch_gap,
+    )
+    assert batch_gap(10, 0.25) == BATCH_GAP_SECONDS
+    assert batch_gap(int(BUSY_RECORDS_PER_SECOND * 0.25), 0.25) == BUSY_BATCH_GAP_SECONDS
+    assert batch_gap(9_000, 1.0) == BUSY_BATCH_GAP_SECONDS  # 3,000 executions/s
+    assert batch_gap(3_000, 1.0) == BATCH_GAP_SECONDS  # the load dropped: back to 250 ms
