@@ -21,6 +21,11 @@ from typing import Any, TypeVar
 import asyncpg
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from cronstream.services.monitor.housekeeping import Housekeeping
+from cronstream.services.monitor.outbound import Outbound
+from cronstream.services.monitor.store import ProjectionStore
+from cronstream.shared.kafka import producer_config
+from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.settings import Settings
 
 T = TypeVar("T")
@@ -142,6 +147,13 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def standalone_housekeeping(settings: Settings, pool: asyncpg.Pool) -> Housekeeping:
+    """The monitor's housekeeping on its own, over the projection of consumer group "test"."""
+    return Housekeeping(settings, pool, ProjectionStore(pool, "test", settings.topics),
+                        producer=IdempotentProducer(producer_config(settings, "test-monitor")),
+                        outbound=Outbound(settings.topics), instance="t")
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,15 +15,10 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from confluent_kafka import Message, Producer
 
-from cronstream.services.monitor.housekeeping import Housekeeping
-from cronstream.services.monitor.outbound import Outbound
-from cronstream.services.monitor.store import ProjectionStore
 from cronstream.shared.db import query
-from cronstream.shared.kafka import producer_config
-from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
-from tests.support import read_all, sql
+from tests.support import read_all, sql, standalone_housekeeping
 
 WORKER = "w-dead"
 
@@ -83,10 +78,7 @@ def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(to
                 await _running(conn, before, _produce_at(topics, events, b'{"started":"before"}'))
                 # Started by the worker restarted under its id, after the fence (below).
                 await _running(conn, since, None)
-            producer = IdempotentProducer(producer_config(topics, "test-monitor"))
-            housekeeping = Housekeeping(
-                topics, pool, ProjectionStore(pool, "test", topics.topics), producer=producer,
-                outbound=Outbound(topics.topics), instance="t")
+            housekeeping = standalone_housekeeping(topics, pool)
 
             async def caught_up(ends: list[int], patience: float = 0) -> bool:
                 # While the monitor waits for the projection, the new incarnation (which
@@ -122,9 +114,13 @@ def test_a_projection_that_keeps_up_under_load_has_caught_up_with_a_fence(topics
     events = topics.topics.execution_events
     stop, flowing = threading.Event(), threading.Event()
 
-    def delivered(err: object, _msg: Message) -> None:
-        if err is None:
-            flowing.set()
+    reached: set[int] = set()
+
+    def delivered(err: object, msg: Message) -> None:
+        if err is None:  # every partition has a leader and takes events
+            reached.add(msg.partition() or 0)
+            if len(reached) == topics.topic_partitions:
+                flowing.set()
 
     def stream() -> None:  # events keep arriving, as under load
         producer = Producer({"bootstrap.servers": topics.kafka_bootstrap_servers, "linger.ms": 5})
@@ -136,10 +132,7 @@ def test_a_projection_that_keeps_up_under_load_has_caught_up_with_a_fence(topics
 
     async def scenario() -> tuple[bool, bool]:
         pool = await asyncpg.create_pool(topics.database_url, min_size=1, max_size=2)
-        store = ProjectionStore(pool, "test", topics.topics)
-        housekeeping = Housekeeping(
-            topics, pool, store, producer=IdempotentProducer(producer_config(topics, "test-monitor")),
-            outbound=Outbound(topics.topics), instance="t")
+        housekeeping = standalone_housekeeping(topics, pool)
         try:
             ends = await housekeeping.event_ends()
             assert any(ends)  # the stream is flowing

@@ -10,15 +10,10 @@ from typing import Any
 
 import asyncpg
 
-from cronstream.services.monitor.housekeeping import Housekeeping
-from cronstream.services.monitor.outbound import Outbound
-from cronstream.services.monitor.store import ProjectionStore
-from cronstream.shared.kafka import producer_config
-from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import JobDefinition, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.settings import Settings
-from tests.support import sql
+from tests.support import sql, standalone_housekeeping
 
 DEFINITIONS: list[dict[str, Any]] = [
     {"job_id": "cron-dst", "type": "CRON", "schedule": "*/7 * * * * *", "timezone": "Europe/Berlin"},
@@ -40,14 +35,11 @@ def test_next_runs_refreshed_from_the_stored_columns_equal_the_scheduler_s(topic
 
     async def scenario() -> datetime:
         pool = await asyncpg.create_pool(topics.database_url, min_size=1, max_size=2)
-        store = ProjectionStore(pool, "test", topics.topics)
-        housekeeping = Housekeeping(
-            topics, pool, store, producer=IdempotentProducer(producer_config(topics, "test-monitor")),
-            outbound=Outbound(topics.topics), instance="t")
+        housekeeping = standalone_housekeeping(topics, pool)
         try:
             async with pool.acquire() as conn:
                 for d in definitions:
-                    await store._definition(conn, d.job_id, d, now_utc(), sanitize=False)
+                    await housekeeping.store._definition(conn, d.job_id, d, now_utc(), sanitize=False)
                 # Every next run in the past: the refresh recomputes all of them.
                 await conn.execute("UPDATE job_definitions SET next_execution_at = now() - interval '1 day'")
             before = now_utc()
