@@ -17,7 +17,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cronstream.services.scheduler.leader import Leader
 from cronstream.shared.health import Health
-from cronstream.shared.kafka import ConsumerThread, consumer_config, log_consumer_error
+from cronstream.shared.kafka import (
+    END_FETCH_WAIT_MS,
+    ConsumerThread,
+    consumer_config,
+    log_consumer_error,
+)
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 
@@ -53,7 +58,9 @@ class SchedulerService:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": session,
                 "heartbeat.interval.ms": max(100, session // 5),
+                # Taking over waits for the end of the definitions (EOF): told promptly.
                 "enable.partition.eof": True,
+                "fetch.wait.max.ms": END_FETCH_WAIT_MS,
             },
         )
         election = self._election = ConsumerThread(conf, "election")

@@ -53,6 +53,7 @@ from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
+    IDLE_FETCH_WAIT_MS,
     OFFSET_BEGINNING,
     ConsumerThread,
     OutRecord,
@@ -87,12 +88,13 @@ PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the 
 # held for their scheduled_at (fires committed ahead) keep this cadence too: each turn
 # starts every one due by then, instead of a transaction per record as it comes due. At
 # 3,000 executions/s, 50 ms instead of 20 ms (and held records no longer waking a turn of
-# their own) took a worker from ~33 to ~20 transactions/s (decision 0012).
-TURN_GAP_SECONDS = 0.05
+# their own) took a worker from ~33 to ~20 transactions/s, and 100 ms to ~10 (decision
+# 0012): a start waits up to this long past its instant (start lag p99 ~115 ms).
+TURN_GAP_SECONDS = 0.1
 # ...but when the slots, not the cadence, held back the last turn's starts (records were
 # waiting and every slot was taken), the next turn may come this soon: a slot is only
 # refilled at a turn, so a worker's rate is at most its slots per turn gap (8 slots, the
-# default, at 50 ms: 160 executions/s of short handlers).
+# default, at 100 ms: 80 executions/s of short handlers; at this gap 400).
 SLOT_BOUND_TURN_GAP_SECONDS = 0.02
 # A record scheduled at most this far ahead waits for its time (a fire committed ahead:
 # docs/decisions/0027, scheduler_fire_ahead_ms ≤ 1 s, plus clock skew); one scheduled
@@ -198,8 +200,10 @@ class WorkerService:
             # without waiting for the session of its dead predecessor to expire.
             **{"partition.assignment.strategy": "range", "group.instance.id": self.worker_id},
         )
-        commands = ConsumerThread(reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
-                                  "commands")
+        # It tails `commands` once loaded: its idle fetches may wait as long as a consumer's
+        # (the load's end is told up to that much later, once, at start).
+        commands = ConsumerThread({**reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
+                                   "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS}, "commands")
         self._consumer = ConsumerThread(conf, "worker")
         beating = asyncio.Event()  # set when the heartbeats may stop (after the drain)
         tasks: list[asyncio.Task[None]] = []

@@ -266,6 +266,7 @@ def test_held_records_coming_due_one_by_one_start_in_turns_a_turn_gap_apart() ->
     async def scenario() -> None:
         bus = MemoryBus()
         service, producer, runner = worker(bus)
+        service.capacity = 64  # the cadence, not the slots, spaces the turns
         producer.gate.set()
         runner.release.set()  # handlers return at once
         first = datetime.now(UTC) + timedelta(milliseconds=100)
