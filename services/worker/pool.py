@@ -1,64 +1,36 @@
 """A pool of reusable handler processes, where any code can be stopped for real.
 
-Each slot of the worker's concurrency is one long-lived child process (started from a
-forkserver that has already imported the handler modules, so a start costs milliseconds,
-not an interpreter boot). A child runs one execution at a time. The parent talks to it
-over two pipes, in JSON — never pickle. On the first, one JSON array per line:
+Each slot of the worker's concurrency can hold one long-lived child process (started from
+a forkserver that has already imported the handler modules, so a start costs
+milliseconds, not an interpreter boot); the code that runs in it, and the protocol of its
+pipes, are in child.py. A child runs one execution at a time.
 
-    parent → child  [handler, execution_id, job_id, run_id, attempt_number,
-                     idempotency_key, scheduled_at, params, [[header, base64 value]...]]
-    child → parent  ["progress", 40, "message"]
-                    ["done", "COMPLETED", result, error]
-    parent → child  <execution id>        (the second pipe: cancel that execution)
-
-A run is one write and, in the child, one read: msgspec decodes it straight into the
-Context's types (UUIDs, an aware datetime, the trace headers' bytes), and each side reads
-whatever lines have arrived with one system call (docs/decisions/0024). The child's main
-thread reads its runs itself: an execution costs one wake-up of the child, not a reader
-thread's and then the main thread's. Cancellations, rare, come on their own pipe, read by
-a thread that sleeps until one does; it names its execution, so one that arrives late
-never touches the next run.
-
-Timeouts and cancellations are enforced by the parent: at `timeout_seconds` the child is
-killed (SIGKILL: CPU loops and blocking calls included) and the execution is TIMED_OUT; a
-cancellation is passed to the handler's context first and the child killed if the handler
-has not returned after `CANCEL_GRACE_SECONDS`. A killed child is replaced at once, so the
-slot is healthy again. Handlers registered `inline=True` skip the pool and run on the
-event loop.
+Timeouts and cancellations are enforced here, by the parent: at `timeout_seconds` the
+child is killed (SIGKILL: CPU loops and blocking calls included) and the execution is
+TIMED_OUT; a cancellation is passed to the handler's context first and the child killed
+if the handler has not returned after `CANCEL_GRACE_SECONDS`. A killed child is replaced
+at once, so the slot is healthy again. Handlers registered `inline=True` skip the pool
+and run on the event loop (inline.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
-import importlib
 import json
 import logging
 import multiprocessing
 import os
-import signal
-import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
-from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Any
-from uuid import UUID
 
 import msgspec
 
-from cronstream.handlers import REGISTRY, Context, HandlerRegistry, NonRetryableError
-from cronstream.services.worker.runner import (
-    CancelSignal,
-    Outcome,
-    ProgressFn,
-    check_result,
-    describe_error,
-    encode_result,
-    make_context,
-)
+from cronstream.handlers import HandlerRegistry
+from cronstream.services.worker import inline
+from cronstream.services.worker.child import BUILTINS, READ_SIZE, child_main, run_message, send
+from cronstream.services.worker.runner import CancelSignal, Outcome, ProgressFn
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.logs import log
@@ -67,162 +39,7 @@ from cronstream.shared.telemetry import Headers
 logger = logging.getLogger(__name__)
 
 CANCEL_GRACE_SECONDS = 5.0
-BUILTINS = "cronstream.services.worker.builtins"
 FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
-
-
-# -- the child side ----------------------------------------------------------------------
-
-
-class RunMessage(msgspec.Struct, array_like=True, frozen=True):
-    """What the parent sends a child to run: the parts of the execution its handler's
-    Context needs, from the JobDue the worker validated (the child does not decode it
-    again), and the trace headers it runs under."""
-
-    handler: str
-    execution_id: UUID
-    job_id: str
-    run_id: UUID
-    attempt_number: int
-    idempotency_key: str
-    scheduled_at: datetime
-    params: dict[str, Any]
-    trace: Sequence[tuple[str, bytes | None]]
-
-
-_encode = msgspec.json.Encoder().encode
-READ_SIZE = 1 << 16
-
-
-def _lines(fd: int) -> Iterator[bytes]:
-    """The lines read from `fd`, as many as one read brings at a time, until its end."""
-    partial = b""
-    while True:
-        try:
-            data = os.read(fd, READ_SIZE)
-        except OSError:
-            return
-        if not data:
-            return
-        *lines, partial = (partial + data).split(b"\n")
-        yield from lines
-
-
-def _send(fd: int, data: bytes) -> None:
-    """All of `data` (a line is one write unless the pipe is full)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool) -> None:
-    """Entry point of a pool process: import the handler modules, then run executions.
-
-    Each execution runs inside the run's trace context (sent by the parent), under a span
-    of its own when tracing exports: spans the handler makes join the execution's trace."""
-    telemetry.configure("worker")
-    # Signals to the process group are the worker's to handle (forkserver_signals.py).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):  # die with the worker (Linux)
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    with contextlib.suppress(OSError, AttributeError):
-        # A woken batch task does not preempt the running one: the worker's write of a run
-        # returns at once instead of handing its CPU to the child in the middle of its turn
-        # (each child waking in the worker's place stalled its event loop for a time slice).
-        # Fair share is unchanged.
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    builtins = importlib.import_module(BUILTINS)
-    for module in imports:
-        importlib.import_module(module)
-    if allow_shell:
-        builtins.enable_shell()
-    watch = _Cancels(cancels)
-    threading.Thread(target=watch.read, daemon=True, name="pool-cancels").start()
-    fd = conn.fileno()
-    decode = msgspec.json.Decoder(RunMessage).decode
-    for line in _lines(fd):  # until the parent is gone
-        run = decode(line)
-        cancel = watch.running(run.execution_id)
-        with telemetry.attached(run.trace):
-            reply = _run_in_child(run, fd, cancel)
-        watch.finished()
-        telemetry.flush()
-        _send(fd, reply)
-
-
-class _Cancels:
-    """The child's cancellations: the execution ids its parent sent, and the flag of the
-    one running. A cancellation may be read before its run (two pipes, two readers) or
-    after it ended: each side checks the other's latest, so neither order loses it and a
-    late one never reaches the next run (the reader takes the flag before it compares
-    the running id, which the run sets after its flag and clears when it ends)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.current: UUID | None = None
-        self.flag = threading.Event()
-        self.last_cancelled: UUID | None = None
-
-    def running(self, execution_id: UUID) -> threading.Event:
-        flag = self.flag = threading.Event()  # a fresh flag: a late set of the last one is harmless
-        self.current = execution_id
-        if execution_id == self.last_cancelled:
-            flag.set()
-        return flag
-
-    def finished(self) -> None:
-        self.current = None
-
-    def read(self) -> None:
-        with contextlib.suppress(EOFError, OSError, ValueError):
-            while True:
-                execution_id = UUID(self.conn.recv_bytes().decode())
-                self.last_cancelled = execution_id
-                flag = self.flag
-                if execution_id == self.current:
-                    flag.set()
-
-
-def _run_in_child(run: RunMessage, fd: int, cancel: threading.Event) -> bytes:
-    """The `done` line of one run (the result's JSON is spliced in, not encoded twice)."""
-    spec = REGISTRY.get(run.handler)
-    if spec is None:
-        return _done("PERMANENTLY_FAILED", error=f"unknown handler {run.handler!r}")
-
-    def progress(percent: float, text: str | None) -> None:
-        _send(fd, _encode(("progress", percent, text)) + b"\n")
-
-    with telemetry.handler_span(run.handler, telemetry.lone_traceparent(run.trace),
-                                job_id=run.job_id, execution_id=run.execution_id) as traceparent:
-        ctx = Context(
-            execution_id=run.execution_id, job_id=run.job_id, run_id=run.run_id,
-            attempt_number=run.attempt_number, idempotency_key=run.idempotency_key,
-            scheduled_at=run.scheduled_at, params=run.params, traceparent=traceparent,
-            _progress=progress, _cancel=cancel)
-        try:
-            result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
-        except NonRetryableError as exc:
-            return _done("PERMANENTLY_FAILED", error=describe_error(exc))
-        except Exception as exc:
-            return _done("FAILED", error=describe_error(exc))
-    encoded, problem = encode_result(result)
-    if problem is not None or encoded is None:
-        return _done("FAILED", error=problem or "no result")
-    status = b"CANCELLED" if cancel.is_set() else b"COMPLETED"
-    return b'["done","%s",%s,null]\n' % (status, encoded.encode())
-
-
-def _done(status: str, error: str) -> bytes:
-    return _encode(("done", status, None, error)) + b"\n"
-
-
-def run_message(due: DueRecord, trace: Headers | None) -> bytes:
-    """The line that sends a child `due` to run (RunMessage)."""
-    return _encode(RunMessage(
-        due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
-        due.idempotency_key, due.scheduled_at, due.job.params, trace or [])) + b"\n"
 
 
 def _reply(line: bytes) -> list[Any]:
@@ -236,9 +53,6 @@ def _reply(line: bytes) -> list[Any]:
 
 _TIMEOUT = ["timeout"]  # what a run's timer settles it with
 _CANCEL = ["cancel"]  # what its cancel signal settles it with (never sent)
-
-
-# -- the parent side ---------------------------------------------------------------------
 
 
 class Child:
@@ -358,7 +172,7 @@ class Child:
         cancel.on_set(loop, cancelled)
         cancelled_at: float | None = None
         try:
-            _send(self._fd, run_message(due, trace))
+            send(self._fd, run_message(due, trace))
             while True:
                 message = await reply
                 if message is _CANCEL:
@@ -615,9 +429,9 @@ class PoolRunner:
         if not spec.inline or spec.is_async:
             return None
         if trace is None:
-            return _run_now(spec.func, due, progress, None)
+            return inline.run_now(spec.func, due, progress, None)
         with telemetry.attached(trace):
-            return _run_now(spec.func, due, progress, telemetry.lone_traceparent(trace))
+            return inline.run_now(spec.func, due, progress, telemetry.lone_traceparent(trace))
 
     async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None) -> Outcome:
@@ -629,7 +443,7 @@ class PoolRunner:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if spec.inline:
             with telemetry.attached(trace):
-                return await _run_inline(spec.func, spec.is_async, due, progress, cancel)
+                return await inline.run(spec.func, spec.is_async, due, progress, cancel)
         child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
@@ -662,51 +476,5 @@ class PoolRunner:
         log(logger, "handler_process_replaced", pid=fresh.process.pid, replaced=self.replaced)
 
 
-class _NeverCancelled(threading.Event):
-    """The cancellation flag of an inline synchronous run: it holds the event loop from its
-    start to its end, so nothing can cancel it meanwhile. One for all of them."""
-
-    def set(self) -> None:
-        raise RuntimeError("an inline synchronous run cannot be cancelled")
-
-
-_NEVER_CANCELLED = _NeverCancelled()
-
-
-def _run_now(func: Any, due: DueRecord, progress: ProgressFn, traceparent: str | None) -> Outcome:
-    """An inline synchronous handler, called here and now (PoolRunner.run_now)."""
-    try:
-        with telemetry.handler_span(due.job.handler, traceparent, job_id=due.job_id,
-                                    execution_id=due.execution_id) as current:
-            result = func(make_context(due, progress, _NEVER_CANCELLED, current))
-    except NonRetryableError as exc:
-        return Outcome("PERMANENTLY_FAILED", error=describe_error(exc))
-    except Exception as exc:
-        return Outcome("FAILED", error=describe_error(exc))
-    return check_result(result)
-
-
-async def _run_inline(func: Any, is_async: bool, due: DueRecord, progress: ProgressFn,
-                      cancel: CancelSignal) -> Outcome:
-    try:
-        with telemetry.handler_span(due.job.handler, job_id=due.job_id,
-                                    execution_id=due.execution_id) as traceparent:
-            ctx = make_context(due, progress, cancel.flag, traceparent)
-            if is_async:
-                result = await asyncio.wait_for(func(ctx), due.job.timeout_seconds)
-            else:
-                result = func(ctx)
-    except TimeoutError:
-        cancel.set("timeout")
-        return Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s")
-    except NonRetryableError as exc:
-        return Outcome("PERMANENTLY_FAILED", error=describe_error(exc))
-    except Exception as exc:
-        return Outcome("FAILED", error=describe_error(exc))
-    if cancel.is_set():
-        return Outcome("CANCELLED", result=result, error="cancelled")
-    return check_result(result)
-
-
 __all__ = ["ASLEEP_AFTER_SECONDS", "CANCEL_GRACE_SECONDS", "GROW_AFTER_SECONDS", "WARM_PROCESSES",
-           "Child", "PoolRunner", "child_main", "computing", "cpu_budget"]
+           "Child", "PoolRunner", "computing", "cpu_budget"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cronstream.handlers import Context
+from cronstream.handlers import Context, NonRetryableError
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.records import MAX_RESULT_BYTES
 
@@ -106,11 +106,27 @@ def encode_result(result: Any) -> tuple[str | None, str | None]:
     return encoded, None
 
 
-def check_result(result: Any) -> Outcome:
-    _, problem = encode_result(result)
+def failed(exc: BaseException) -> Outcome:
+    """What a handler that raised `exc` ends as: the one mapping from a handler's errors
+    to outcomes, in a pool process and inline alike. NonRetryableError is not retried."""
+    status: OutcomeStatus = "PERMANENTLY_FAILED" if isinstance(exc, NonRetryableError) else "FAILED"
+    return Outcome(status, error=describe_error(exc))
+
+
+def returned(result: Any, cancelled: bool) -> tuple[Outcome, str | None]:
+    """What a handler that returned `result` ends as, with the result's JSON (None when the
+    result is not acceptable: the outcome is then FAILED, and says why). A handler that
+    returned after its cancellation ends CANCELLED, keeping what it returned."""
+    encoded, problem = encode_result(result)
     if problem is not None:
-        return Outcome("FAILED", error=problem)
-    return Outcome("COMPLETED", result=result)
+        return Outcome("FAILED", error=problem), None
+    if cancelled:
+        return Outcome("CANCELLED", result=result, error="cancelled"), encoded
+    return Outcome("COMPLETED", result=result), encoded
+
+
+def check_result(result: Any) -> Outcome:
+    return returned(result, cancelled=False)[0]
 
 
 def describe_error(exc: BaseException) -> str:

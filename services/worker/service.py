@@ -19,9 +19,11 @@ read again. (Should the rare ambiguous case — a rebalance in the middle — le
 execution RUNNING that nobody runs, the monitor re-queues it: it is missing from this
 worker's heartbeats.)
 
-Why one module of this size: the poll loop, the transaction of each turn and the drain
-share the worker's in-flight state (buffer, running, finished); what could leave it did
-(executions.py, heartbeats.py, commands.py, pool.py).
+The rooms: intake.py holds what was consumed and not started (tiers, held records,
+pause thresholds), slots.py what runs (taken at a start, given back when a handler
+returns), executions.py the records each execution produces; this module is the I/O that
+joins them: the consumer, the turn's transaction, the drain and the rebalance callbacks.
+The handlers run in pool.py's processes (child.py) or inline (inline.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from datetime import datetime
 from functools import partial
 from typing import Any, Protocol
 from uuid import UUID
@@ -47,8 +47,11 @@ from cronstream.services.worker.executions import (
     count_started,
 )
 from cronstream.services.worker.heartbeats import Heartbeats
+from cronstream.services.worker.intake import Intake
 from cronstream.services.worker.runner import CancelSignal, Outcome
+from cronstream.services.worker.slots import Slots
 from cronstream.shared import metrics
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Batch, Inbound
@@ -58,7 +61,6 @@ from cronstream.shared.kafka import (
     ConsumerThread,
     OutRecord,
     consumer_config,
-    ensure_topics,
     position,
     producer_config,
     read_to_end,
@@ -67,7 +69,6 @@ from cronstream.shared.kafka import (
 from cronstream.shared.lifecycle import arm_shutdown_watchdog, supervise
 from cronstream.shared.logs import log
 from cronstream.shared.producers import (
-    IdempotentProducer,
     ProducerFenced,
     TransactionAborted,
     TransactionalProducer,
@@ -96,10 +97,6 @@ TURN_GAP_SECONDS = 0.1
 # refilled at a turn, so a worker's rate is at most its slots per turn gap (8 slots, the
 # default, at 100 ms: 80 executions/s of short handlers; at this gap 400).
 SLOT_BOUND_TURN_GAP_SECONDS = 0.02
-# A record scheduled at most this far ahead waits for its time (a fire committed ahead:
-# docs/decisions/0027, scheduler_fire_ahead_ms ≤ 1 s, plus clock skew); one scheduled
-# further ahead was not put there by a fire ahead, and starts at once.
-HOLD_AT_MOST_SECONDS = 2.0
 
 
 class Runner(Protocol):
@@ -117,13 +114,13 @@ class Runner(Protocol):
 class WorkerService:
     name = SERVICE
 
-    def __init__(self, settings: Settings, runner: Runner) -> None:
+    def __init__(self, settings: Settings, runner: Runner, kafka: KafkaClients = REAL) -> None:
         self.settings = settings
         self.topics = settings.topics
         self.worker_id = settings.worker_id
         self.queues = list(settings.worker_queues)
-        self.capacity = settings.worker_concurrency
         self.runner = runner
+        self.kafka = kafka
         self.health = Health(self.name)
         self.health.require("kafka", "assignment")
         # SIGTERM drains: the shutdown watchdog allows for the drain grace.
@@ -132,30 +129,13 @@ class WorkerService:
         self.reporter = Reporter(self.topics, self.worker_id)
         self.cancellations = Cancellations(self._cancel_running)
         self.status: WorkerStatus = "ACTIVE"
-        self.running: dict[UUID, Running] = {}
-        # Starts whose transaction is being committed. Heartbeats list them too: the
-        # monitor re-queues a RUNNING execution that a heartbeat sent 2 s after its start
-        # does not list, and a commit can take that long (a cluster losing its leader).
-        self._starting: list[UUID] = []
-        self._finished: list[Finished] = []
+        self.intake = Intake({self.topics.work(priority, queue): priority
+                              for priority in PRIORITIES for queue in self.queues},
+                             settings.worker_concurrency)
+        self.slots = Slots(settings.worker_concurrency)
         self._events: list[OutRecord] = []  # PROGRESS events waiting for a transaction
-        self._buffer: dict[str, deque[Message]] = {p: deque() for p in PRIORITIES}
-        self._tier_of: dict[str, str] = {}
-        # Records that wait for their scheduled_at (a fire committed ahead), each partition's
-        # in offset order: the first held record of a partition and every later one of that
-        # partition, decoded or (None) not yet; and the earliest time one is due (epoch
-        # seconds). _next_buffered.
-        self._held: dict[tuple[str, int], deque[list[Any]]] = {}
-        self._hold_until: float | None = None
-        # Backpressure. Pausing discards librdkafka's prefetched records, which it fetches
-        # again on resume (and paused and resumed often, stale fetches pile up in its queue:
-        # librdkafka #5218): under a backlog that is the worker refetching, and decoding,
-        # the same records over and over. So a full buffer does not pause: past the limit a
-        # turn takes one record at a time (its poll still serves rebalance callbacks), which
-        # the starts outpace. Only handlers that stall let the buffer reach twice the limit,
-        # and that pauses, until the buffer is half empty.
-        self._buffer_limit = max(1000, 4 * self.capacity)
-        self._pause_limit = 2 * self._buffer_limit
+        # Whether the partitions are paused: read by the rebalance callbacks (on the
+        # consumer's lane), written there too (_set_paused).
         self._paused = False
         self._fill_until = 0.0
         self._last_turn = 0.0
@@ -171,27 +151,29 @@ class WorkerService:
         self._heartbeats: Heartbeats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def capacity(self) -> int:
+        return self.slots.capacity
+
+    @property
+    def paused(self) -> bool:
+        """Whether its partitions are paused (stalled handlers: intake.py)."""
+        return self._paused
+
     # -- lifecycle ------------------------------------------------------------------
 
-    async def run(self, stopping: asyncio.Event) -> None:
+    def open(self) -> None:
+        """Make the Kafka clients (none is contacted yet)."""
         self._loop = asyncio.get_running_loop()
-        for priority in PRIORITIES:
-            for queue in self.queues:
-                self._tier_of[self.topics.work(priority, queue)] = priority
-        await self._loop.run_in_executor(None, ensure_topics, self.settings,
-                                         self.topics.work_specs(self.queues))
-        await self.runner.start()
-        metrics.WORKER_SLOTS.set(self.capacity)
         # Stable per worker id: a restart fences and settles its predecessor's transaction,
         # and the monitor fences a worker it declares dead (docs/decisions/0008).
         tid = f"{self.topics.prefix}worker-{self.worker_id}"
-        self._producer = TransactionalProducer(
+        self._producer = self.kafka.transactional(
             producer_config(self.settings, f"worker-{self.worker_id}", transactional_id=tid))
-        beats = IdempotentProducer(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
+        beats = self.kafka.idempotent(producer_config(self.settings, f"worker-{self.worker_id}-hb"))
         self._heartbeats = Heartbeats(beats, self.topics, self.worker_id, capacity=self.capacity,
-                                      queues=self.queues,
-                                      running=self.listed)
-        conf = self._consumer_conf = consumer_config(
+                                      queues=self.queues, running=self.listed)
+        self._consumer_conf = consumer_config(
             self.settings, f"worker-{self.worker_id}", f"{self.topics.prefix}workers",
             # range: every work topic (one per tier) is spread over all workers on its own.
             # (cooperative-sticky balances the total count and can leave a worker with only
@@ -200,11 +182,21 @@ class WorkerService:
             # without waiting for the session of its dead predecessor to expire.
             **{"partition.assignment.strategy": "range", "group.instance.id": self.worker_id},
         )
+        self._consumer = self.kafka.consumer(self._consumer_conf, "worker")
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.kafka.ensure_topics, self.settings,
+                                   self.topics.work_specs(self.queues))
+        await self.runner.start()
+        metrics.WORKER_SLOTS.set(self.capacity)
+        self.open()
+        assert self._producer is not None and self._heartbeats is not None
         # It tails `commands` once loaded: its idle fetches may wait as long as a consumer's
         # (the load's end is told up to that much later, once, at start).
-        commands = ConsumerThread({**reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
-                                   "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS}, "commands")
-        self._consumer = ConsumerThread(conf, "worker")
+        commands = self.kafka.consumer(
+            {**reader_config(self.settings, f"worker-{self.worker_id}-cmd"),
+             "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS}, "commands")
         beating = asyncio.Event()  # set when the heartbeats may stop (after the drain)
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -230,7 +222,7 @@ class WorkerService:
             # Another process took our worker id, or the monitor declared us dead and gave our
             # executions to others: whatever still runs here is not ours to report any more.
             log(logger, "worker_fenced", logging.ERROR, worker_id=self.worker_id,
-                running=len(self.running), hint="restart with a fresh state")
+                running=len(self.slots), hint="restart with a fresh state")
             arm_shutdown_watchdog(self.shutdown_seconds, "worker_fenced")
             raise
         finally:
@@ -242,6 +234,7 @@ class WorkerService:
                     await task
             await commands.close()
             await self._heartbeats.last("OFFLINE")
+            assert self._consumer is not None
             await self._consumer.close()
             await self.runner.close()
             await self._producer.close()
@@ -272,41 +265,31 @@ class WorkerService:
             waited_seconds=round(waited, 1), reason=reason)
         old, self._consumer = self._consumer, None
         await old.close()  # a static member does not leave the group on close
-        self._clear_buffer()
+        self.intake.clear()
         self._assignments += 1
-        self._consumer = ConsumerThread(self._consumer_conf, "worker")
+        self._consumer = self.kafka.consumer(self._consumer_conf, "worker")
         await self._subscribe()
 
     def listed(self) -> list[UUID]:
-        """The executions this worker's heartbeats list as its own: those running, and
-        those whose start is being committed (heartbeats.py)."""
-        return [*self.running, *self._starting]
+        """The executions this worker's heartbeats list as its own (slots.py)."""
+        return self.slots.listed()
 
     # -- the poll loop --------------------------------------------------------------
-
-    def _buffered(self) -> int:
-        return sum(len(q) for q in self._buffer.values()) + sum(len(q) for q in self._held.values())
-
-    def _clear_buffer(self) -> None:
-        for q in self._buffer.values():
-            q.clear()
-        self._held.clear()
 
     async def _poll_loop(self, stopping: asyncio.Event) -> None:
         assert self._consumer is not None
         while not stopping.is_set():
-            buffered = self._buffered()
-            await self._set_paused(buffered >= self._pause_limit or (
-                self._paused and buffered > self._buffer_limit // 2))
-            room = self._buffer_limit - buffered
-            busy = self.running or self._finished or buffered
+            await self._set_paused(self.intake.wants_pause(self._paused))
+            finished = self.slots.has_finished()
+            busy = len(self.slots) or finished or len(self.intake)
             # Finished executions are reported, and held records started, within one turn
             # gap of the last turn; never sooner than that after it.
             gap = max(0.0, self._turn_gap - (time.monotonic() - self._last_turn))
-            timeout = gap if self._finished else (max(gap, 0.02) if busy else 0.1)
-            if self._hold_until is not None:  # wake when the first held record is due
-                timeout = min(timeout, max(gap, self._hold_until - time.time()))
-            messages = await self._consumer.consume(max(1, room), timeout)
+            timeout = gap if finished else (max(gap, 0.02) if busy else 0.1)
+            hold_until = self.intake.hold_until
+            if hold_until is not None:  # wake when the first held record is due
+                timeout = min(timeout, max(gap, hold_until - time.time()))
+            messages = await self._consumer.consume(self.intake.room(), timeout)
             waiting = self._waiting_since
             if waiting is not None and time.monotonic() - waiting > self.settings.worker_rejoin_after_seconds:
                 await self._rejoin("no assignment since the last rebalance began")
@@ -318,11 +301,10 @@ class WorkerService:
                 # takes its place at once, instead of after waiting for an assignment.
                 await self._rejoin("the consumer failed for good")
                 continue
-            for msg in records:
-                self._buffer[self._tier_of.get(msg.topic() or "", "low")].append(msg)
+            self.intake.add(records)
             if time.monotonic() - self._last_turn >= self._turn_gap:
                 await self._turn(starting=True)
-            if not messages and not self._finished and not self._events:
+            if not messages and not self.slots.has_finished() and not self._events:
                 # Nothing arrived: wait briefly for a handler to finish instead of spinning.
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -341,8 +323,8 @@ class WorkerService:
                 (consumer.pause if paused else consumer.resume)(assignment)
 
         await self._consumer.call(apply)
-        log(logger, "intake_paused" if paused else "intake_resumed", buffered=self._buffered(),
-            running=len(self.running))
+        log(logger, "intake_paused" if paused else "intake_resumed", buffered=len(self.intake),
+            running=len(self.slots))
 
     async def _turn(self, starting: bool) -> None:
         """One transaction: new starts (with offsets), finished executions, progress."""
@@ -350,13 +332,12 @@ class WorkerService:
         records: list[OutRecord] = []
         # A slot frees when its handler returns, not when its report commits: the report
         # and the next start share this transaction.
-        busy = len(self.running) - len(self._finished)
-        free = self.capacity - busy if starting and self.status == "ACTIVE" else 0
+        free = self.slots.free() if starting and self.status == "ACTIVE" else 0
         if time.monotonic() < self._fill_until:
             free = 0
         starts = self._take_starts(free, batch, records)
         records.extend(batch.dead)
-        finished, self._finished = self._finished, []
+        finished = self.slots.take_finished()
         for done in finished:
             records.extend(self.reporter.finished(done))
         progress, self._events = self._events, []
@@ -364,44 +345,45 @@ class WorkerService:
         if not records and not batch.next_offsets:
             return
         self._last_turn = time.monotonic()
-        self._starting = [run.due.execution_id for run in starts]
+        self.slots.committing(starts)
         try:
             committed = await self._commit(records, batch.offsets())
         finally:
-            self._starting = []
+            self.slots.committed()
         if not committed:
-            self._finished = finished + self._finished  # report them in the next turn
+            self.slots.give_back(finished)
             for run in starts:
                 run.hop.end("not started: the transaction did not commit")
             await self._rewind()
             return
+        self.slots.reported(finished)
         for done in finished:
-            self.running.pop(done.running.due.execution_id, None)
             count_finished(done)
             done.running.hop.end(done.outcome.error if done.status != "COMPLETED" else None)
         self._start(starts)
-        metrics.WORKER_SLOTS_BUSY.set(len(self.running))
-        metrics.WORKER_BUFFERED.set(self._buffered())
+        metrics.WORKER_SLOTS_BUSY.set(len(self.slots))
+        metrics.WORKER_BUFFERED.set(len(self.intake))
 
     def _take_starts(self, free: int, batch: Batch, records: list[OutRecord]) -> list[Running]:
         """Up to `free` buffered records to start in this turn (their RUNNING events added
         to `records`, their offsets to `batch`); sets the gap before the next turn."""
         starts: list[Running] = []
         now = now_utc()
-        self._hold_until = None
+        self.intake.begin()
         self._turn_gap = TURN_GAP_SECONDS
+        read = partial(batch.read, decode_due)
         while True:
             if free <= len(starts):
-                if free > 0 and any(self._buffer.values()):
+                if free > 0 and self.intake.waiting():
                     self._turn_gap = SLOT_BOUND_TURN_GAP_SECONDS
                 return starts
-            head = self._next_buffered(batch, now)
+            head = self.intake.next(read, now)
             if head is None:
                 return starts
             msg, due = head
             batch.records.append(msg)
             batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
-            if due is None or due.execution_id in self.running:
+            if due is None or due.execution_id in self.slots:
                 continue  # dead-lettered, or a redelivery of what already runs here
             run = Running(due, self._hop(due, msg), now_utc())
             cancelled = self.cancellations.get(due.execution_id)
@@ -415,13 +397,13 @@ class WorkerService:
         """Run what this turn's commit started: on the spot when the runner can (inline
         synchronous handlers), else as a task."""
         for run in starts:
-            self.running[run.due.execution_id] = run
+            self.slots.start(run)
             count_started(run)
             outcome = self._run_now(run)
             if outcome is None:
                 run.task = asyncio.create_task(self._execute(run))
             else:  # reported with the next turn, like any other that finished
-                self._finished.append(Finished(run, outcome, now_utc()))
+                self.slots.finish(Finished(run, outcome, now_utc()))
 
     def _hop(self, due: DueRecord, msg: Message) -> Hop:
         topic, partition, offset = position(msg)
@@ -429,50 +411,6 @@ class WorkerService:
                                execution_id=due.execution_id, attempt=due.attempt_number,
                                delivery=due.delivery, worker_id=self.worker_id) if recording() else None
         return Hop("cronstream.run", msg.headers(), attributes=attributes)
-
-    def _next_buffered(self, batch: Batch, now: datetime
-                       ) -> tuple[Message, DueRecord | None] | None:
-        """The next record to start and its JobDue (None: dead-lettered into `batch`), by
-        priority tier, never before its scheduled_at. A fire committed ahead (docs/decisions/
-        0027) waits for its time, and so does what follows it in its partition, so that the
-        partition's offsets commit in order; other partitions go on."""
-        for priority in PRIORITIES:
-            for key, held in self._held.items():
-                if self._tier_of.get(key[0], "low") != priority:
-                    continue
-                entry = held[0]
-                if entry[1] is None:
-                    entry[1] = batch.read(decode_due, entry[0])
-                if entry[1] is not None and self._hold(entry[1], now):
-                    continue
-                held.popleft()
-                if not held:
-                    del self._held[key]
-                return entry[0], entry[1]
-            tier = self._buffer[priority]
-            while tier:
-                msg = tier.popleft()
-                key = (msg.topic() or "", msg.partition() or 0)
-                behind = self._held.get(key)
-                if behind is not None:
-                    behind.append([msg, None])  # decoded when its turn comes
-                    continue
-                due = batch.read(decode_due, msg)
-                if due is not None and self._hold(due, now):
-                    self._held[key] = deque([[msg, due]])
-                    continue
-                return msg, due
-        return None
-
-    def _hold(self, due: DueRecord, now: datetime) -> bool:
-        """Whether `due` waits for its scheduled_at (then noted as a time to wake)."""
-        wait = (due.scheduled_at - now).total_seconds()
-        if not 0 < wait <= HOLD_AT_MOST_SECONDS:
-            return False
-        until = time.time() + wait
-        if self._hold_until is None or until < self._hold_until:
-            self._hold_until = until
-        return True
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition]) -> bool:
         """Commit one turn; whether it committed (read back when the outcome is unknown)."""
@@ -519,7 +457,7 @@ class WorkerService:
     async def _rewind(self) -> None:
         """Drop the buffer and seek every assigned partition back to its committed offset."""
         assert self._consumer is not None
-        self._clear_buffer()
+        self.intake.clear()
         consumer = self._consumer.consumer
 
         def seek_back() -> None:
@@ -558,11 +496,11 @@ class WorkerService:
                 logger.exception("runner failed", extra={"action": "runner_failed",
                                                          "execution_id": str(run.due.execution_id)})
             outcome = Outcome("FAILED", error=f"worker error: {exc}")
-        self._finished.append(Finished(run, outcome, now_utc()))
+        self.slots.finish(Finished(run, outcome, now_utc()))
         self._wake.set()
 
     def _progress(self, run: Running, percent: float, message: str | None) -> None:
-        if run.due.execution_id not in self.running:
+        if run.due.execution_id not in self.slots:
             return
         now = time.monotonic()
         if percent < 100 and now - run.last_progress < PROGRESS_INTERVAL:
@@ -581,35 +519,35 @@ class WorkerService:
         self.status = "DRAINING"
         await self._heartbeats.last("DRAINING")
         await self._set_paused(True)
-        self._clear_buffer()  # not committed: the partitions' next owner reads them again
-        log(logger, "worker_draining", worker_id=self.worker_id, running=len(self.running),
+        self.intake.clear()  # not committed: the partitions' next owner reads them again
+        log(logger, "worker_draining", worker_id=self.worker_id, running=len(self.slots),
             grace_seconds=self.settings.worker_drain_grace_seconds)
         deadline = time.monotonic() + self.settings.worker_drain_grace_seconds
-        while self.running and time.monotonic() < deadline:
+        while self.slots and time.monotonic() < deadline:
             await self._turn(starting=False)
-            if not self.running:
+            if not self.slots:
                 break
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), min(0.1, deadline - time.monotonic()))
         await self._turn(starting=False)
-        if self.running:
+        if self.slots:
             await self._requeue_remaining()
 
     async def _requeue_remaining(self) -> None:
         records: list[OutRecord] = []
-        for run in list(self.running.values()):
+        for run in self.slots:
             run.cancel.set("worker drained")
             records.extend(self.reporter.requeued(run, "worker drained"))
         if not await self._commit(records, []):
             # Not written: they stay RUNNING under this worker, which is about to go OFFLINE
             # (or silent); the monitor re-queues them.
             log(logger, "drain_requeue_not_committed", logging.WARNING, executions=len(records) // 2)
-        tasks = [run.task for run in self.running.values() if run.task is not None]
+        tasks = [run.task for run in self.slots if run.task is not None]
         for task in tasks:
             task.cancel()  # the pool kills their processes
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.running.clear()
+        self.slots.clear()
 
     # -- commands -------------------------------------------------------------------
 
@@ -618,7 +556,7 @@ class WorkerService:
             self.cancellations.feed(await commands.consume(100, 0.2))
 
     def _cancel_running(self, execution_id: UUID, reason: str, by: str | None) -> bool:
-        run = self.running.get(execution_id)
+        run = self.slots.get(execution_id)
         if run is None:
             return False
         run.cancel.set(reason, by)
@@ -650,12 +588,5 @@ class WorkerService:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._loop is not None:
             # Buffered records of revoked partitions belong to their next owner now.
-            def drop() -> None:
-                for priority, q in self._buffer.items():
-                    self._buffer[priority] = deque(
-                        m for m in q if (m.topic(), m.partition()) not in revoked)
-                for key in revoked & self._held.keys():
-                    del self._held[key]
-
-            self._loop.call_soon_threadsafe(drop)
+            self._loop.call_soon_threadsafe(self.intake.drop, revoked)
         consumer.unassign()

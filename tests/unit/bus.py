@@ -13,10 +13,11 @@ import json
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Message, TopicPartition
 
+from cronstream.shared.clients import KafkaClients
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.producers import TransactionAborted, TransactionOutcomeUnknown
 
@@ -155,3 +156,27 @@ class MemoryProducer:
 
     async def close(self) -> None:
         return None
+
+
+@dataclass
+class MemoryIdempotentProducer:
+    """An IdempotentProducer on the bus: every record is there at once."""
+
+    bus: MemoryBus
+
+    def produce(self, record: OutRecord, on_delivery: Any = None) -> None:
+        self.bus.append(record.topic, record.key, record.value, record.headers, record.partition)
+
+    async def flush_async(self, timeout: float = 10.0) -> None:
+        return None
+
+
+def clients(bus: MemoryBus, transactional: Callable[[MemoryBus], MemoryProducer] = MemoryProducer
+            ) -> KafkaClients:
+    """The Kafka clients a service makes (shared/clients.py), on `bus`."""
+    return KafkaClients(
+        consumer=lambda conf, name: cast(Any, MemoryConsumerThread(bus)),
+        transactional=lambda conf: cast(Any, transactional(bus)),
+        idempotent=lambda conf: cast(Any, MemoryIdempotentProducer(bus)),
+        ensure_topics=lambda settings, specs: [],
+    )

@@ -19,7 +19,7 @@ from cronstream.services.worker.service import WorkerService
 from cronstream.shared.kafka import OFFSET_BEGINNING, OutRecord
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
-from tests.unit.bus import MemoryBus, MemoryConsumerThread, MemoryProducer
+from tests.unit.bus import MemoryBus, MemoryProducer, clients
 
 SETTINGS = Settings(topic_prefix="u.", topic_partitions=3, worker_id="w1")
 T = SETTINGS.topics
@@ -65,15 +65,26 @@ class SlowProducer(MemoryProducer):
         await super().commit(records, offsets, group_metadata, attempts)
 
 
-def worker(bus: MemoryBus) -> tuple[WorkerService, SlowProducer, HeldRunner]:
+def worker(bus: MemoryBus, concurrency: int = SETTINGS.worker_concurrency
+           ) -> tuple[WorkerService, SlowProducer, HeldRunner]:
+    """A worker on `bus` (its clients opened, none started) holding partition 0 of WORK."""
     runner = HeldRunner()
-    service = WorkerService(SETTINGS, runner)
-    producer = SlowProducer(bus)
-    service._consumer = MemoryConsumerThread(bus)  # type: ignore[assignment]
-    service._producer = producer  # type: ignore[assignment]
-    service._tier_of[WORK] = "normal"
-    service._consumer.consumer.assigned = [TopicPartition(WORK, 0)]  # type: ignore[union-attr]
-    return service, producer, runner
+    producers: list[SlowProducer] = []
+
+    def transactional(on: MemoryBus) -> SlowProducer:
+        producers.append(SlowProducer(on))
+        return producers[-1]
+
+    settings = SETTINGS.model_copy(update={"worker_concurrency": concurrency})
+    service = WorkerService(settings, runner, clients(bus, transactional))
+    service.open()
+    consumer(service).assigned = [TopicPartition(WORK, 0)]
+    return service, producers[0], runner
+
+
+def consumer(service: WorkerService) -> Any:
+    """The bus consumer the worker made (tests/unit/bus.py)."""
+    return service._consumer.consumer  # type: ignore[union-attr]
 
 
 def due_on(bus: MemoryBus, partition: int, at: datetime = datetime(2026, 11, 30, tzinfo=UTC),
@@ -87,7 +98,7 @@ def due_on(bus: MemoryBus, partition: int, at: datetime = datetime(2026, 11, 30,
 
 def buffer_one(bus: MemoryBus, service: WorkerService) -> JobDue:
     due, msg = due_on(bus, 0)
-    service._buffer["normal"].append(msg)
+    service.intake.add([msg])
     return due
 
 
@@ -103,7 +114,7 @@ async def stop(service: WorkerService, loop: asyncio.Task[None], stopping: async
     stopping.set()
     runner.release.set()
     await asyncio.wait_for(loop, 5)
-    for task in [r.task for r in service.running.values() if r.task]:
+    for task in [r.task for r in service.slots if r.task]:
         await asyncio.wait_for(task, 5)
 
 
@@ -123,7 +134,7 @@ def test_an_execution_is_listed_while_its_start_commits_and_after() -> None:
         assert runner.started == [due.execution_id]
         assert [e["status"] for e in bus.values(T.execution_events)] == ["RUNNING"]
         runner.release.set()
-        for task in [r.task for r in service.running.values() if r.task]:
+        for task in [r.task for r in service.slots if r.task]:
             await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
@@ -145,9 +156,8 @@ def test_a_start_whose_commit_aborts_is_no_longer_listed_and_never_runs() -> Non
         assert bus.values(T.execution_events) == []
         # Nothing committed: the partition rewinds to its committed position (the
         # beginning) and the record is read again.
-        seeks = service._consumer.consumer.seeks  # type: ignore[union-attr]
-        assert seeks == [(WORK, 0, OFFSET_BEGINNING)]
-        assert service._buffered() == 0
+        assert consumer(service).seeks == [(WORK, 0, OFFSET_BEGINNING)]
+        assert len(service.intake) == 0
 
     asyncio.run(scenario())
 
@@ -163,13 +173,12 @@ def test_a_backlog_does_not_pause_the_partitions_only_stalled_handlers_do() -> N
         producer.gate.set()
         # A smaller buffer than a worker's own (the same rules): slots refill a turn at a
         # time, SLOT_BOUND_TURN_GAP_SECONDS apart, so draining 1,000 would take seconds.
-        limit = service._buffer_limit = 100
-        service._pause_limit = 2 * limit
+        limit = service.intake.limit = 100
+        service.intake.pause_limit = 2 * limit
         for _ in range(2 * limit + 600):
             due_on(bus, 0)
-        consumer = service._consumer.consumer  # type: ignore[union-attr]
         changes: list[tuple[bool, int]] = []
-        consumer.on_pause = lambda paused: changes.append((paused, service._buffered()))
+        consumer(service).on_pause = lambda paused: changes.append((paused, len(service.intake)))
         stopping = asyncio.Event()
         loop = asyncio.create_task(service._poll_loop(stopping))
 
@@ -197,23 +206,22 @@ def test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause() 
     async def scenario() -> None:
         bus = MemoryBus()
         service, producer, runner = worker(bus)
-        service._loop = asyncio.get_running_loop()
         producer.gate.set()
-        consumer = service._consumer.consumer  # type: ignore[union-attr]
+        bus_consumer = consumer(service)
         both = [TopicPartition(WORK, 0), TopicPartition(WORK, 1)]
-        consumer.assign(both)
-        limit = service._buffer_limit
+        bus_consumer.assign(both)
+        limit = service.intake.limit
         for i in range(2 * limit + 600):
             due_on(bus, i % 2)
         stopping = asyncio.Event()
         loop = asyncio.create_task(service._poll_loop(stopping))
 
-        await until(lambda: service._paused)  # every slot held, the buffer at 2 x limit
-        service._on_revoke(consumer, both)  # type: ignore[arg-type]
-        await until(lambda: not service._paused)  # the buffer emptied: resumed, holding none
-        service._on_assign(consumer, [TopicPartition(WORK, 0)])  # type: ignore[arg-type]
-        await until(lambda: service._buffered() > 0)
-        assert {m.partition() for q in service._buffer.values() for m in q} == {0}
+        await until(lambda: service.paused)  # every slot held, the buffer at 2 x limit
+        service._on_revoke(bus_consumer, both)
+        await until(lambda: not service.paused)  # the buffer emptied: resumed, holding none
+        service._on_assign(bus_consumer, [TopicPartition(WORK, 0)])
+        await until(lambda: len(service.intake) > 0)
+        assert service.intake.partitions() == {(WORK, 0)}
         await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
@@ -229,9 +237,8 @@ def test_a_fire_committed_ahead_starts_at_its_scheduled_time_not_before() -> Non
         service, producer, runner = worker(bus)
         producer.gate.set()
         high = T.work("high", "default")
-        service._tier_of[high] = "high"
-        consumer = service._consumer.consumer  # type: ignore[union-attr]
-        consumer.assign([TopicPartition(WORK, 0), TopicPartition(WORK, 1), TopicPartition(high, 0)])
+        consumer(service).assign([TopicPartition(WORK, 0), TopicPartition(WORK, 1),
+                                  TopicPartition(high, 0)])
         at = datetime.now(UTC) + timedelta(milliseconds=400)
         ahead, _ = due_on(bus, 0, at)
         behind, _ = due_on(bus, 0)  # due long ago, after the held one in its partition
@@ -265,8 +272,7 @@ def test_held_records_coming_due_one_by_one_start_in_turns_a_turn_gap_apart() ->
 
     async def scenario() -> None:
         bus = MemoryBus()
-        service, producer, runner = worker(bus)
-        service.capacity = 64  # the cadence, not the slots, spaces the turns
+        service, producer, runner = worker(bus, concurrency=64)  # the cadence spaces the turns
         producer.gate.set()
         runner.release.set()  # handlers return at once
         first = datetime.now(UTC) + timedelta(milliseconds=100)
