@@ -236,6 +236,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         hops = {hop: [float(r[hop]) for r in rows if r[hop] is not None]
                 for hop in ("to_queued", "to_started")}
         backlog = _backlog(url)
+        log_lines = _log_lines(url, window_start, window_end)
         cpu = {k: round(last.cpu[k] - first.cpu.get(k, 0.0), 2) for k in last.cpu}
         total_cpu = sum(cpu.values())
         per = {k: round(v / completed * 1e6, 1) if completed else None for k, v in cpu.items()}
@@ -275,9 +276,22 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
                 k: round((last.full_collections[k] - first.full_collections[k]) / span, 2)
                 for k in last.full_collections},
             "peak_rss_mb": peak_rss,
+            **({"log_lines": log_lines} if log_lines["count"] else {}),
         }
     finally:
         system.close()
+
+
+def _log_lines(url: str, window_start: datetime, window_end: datetime) -> dict[str, Any]:
+    """Lines of execution logs written in the window (by handlers that print), and their
+    delay from `print` to readable (`projected_at - at`: written by the monitor, inside the
+    transaction that commits it a moment later; `cronstream logs -f` wakes on the commit)."""
+    rows = sql(url, "SELECT extract(epoch FROM projected_at - at) AS delay FROM execution_logs "
+                    "WHERE at >= $1 AND at < $2", window_start, window_end)
+    delays = [float(r["delay"]) for r in rows]
+    span = (window_end - window_start).total_seconds()
+    return {"count": len(delays), "per_second": round(len(delays) / span, 1),
+            "print_to_readable_ms": _p50_p99_ms(delays) if delays else None}
 
 
 def holds(figures: dict[str, Any]) -> bool:

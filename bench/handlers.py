@@ -9,3 +9,11 @@ from cronstream import Context, handler
 def echo(ctx: Context) -> dict[str, Any]:
     """Like noop, but in the process pool: measures what the kill-able runner costs."""
     return ctx.params
+
+
+@handler("bench.print10")
+def print10(ctx: Context) -> dict[str, Any]:
+    """Like bench.echo, writing ten lines of ~60 bytes to stdout (its log: bench.e2e_throughput)."""
+    for i in range(10):
+        print(f"line {i} of execution {ctx.execution_id}")
+    return ctx.params

@@ -5,7 +5,7 @@ else is internal:
 
 - `Client` / `AsyncClient`: publish and control jobs, read executions (client.py);
 - `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `ExecutionEvent`,
-  `Execution`: the records;
+  `Execution`, `LogEntry` (a line of an execution's log): the records;
 - `events`: consume `execution-events` from your own systems (`events.subscribe`);
 - `handler`, `Context`, `NonRetryableError`: write handlers for workers;
 - the errors: `CronstreamError` and its `DefinitionError`, `NotFoundError`,
@@ -15,7 +15,7 @@ else is internal:
 from cronstream import events
 from cronstream.client import AsyncClient, Client
 from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
-from cronstream.executions import Execution
+from cronstream.executions import Execution, LogEntry
 from cronstream.handlers import Context, NonRetryableError, handler
 from cronstream.shared.records import ExecutionEvent, JobDefinition
 
@@ -28,6 +28,7 @@ __all__ = [
     "Execution",
     "ExecutionEvent",
     "JobDefinition",
+    "LogEntry",
     "NonRetryableError",
     "NotFoundError",
     "UnavailableError",

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import getpass
 import socket
 import threading
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
@@ -47,7 +48,7 @@ from pydantic import ValidationError
 
 from cronstream.definitions import check_dags, load_definitions, parse_definitions
 from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
-from cronstream.executions import Execution
+from cronstream.executions import Execution, LogEntry
 from cronstream.shared.codec import MAX_RECORD_BYTES
 from cronstream.shared.db import query
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
@@ -61,6 +62,7 @@ from cronstream.shared.records import (
 )
 from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
 
 __all__ = [
@@ -71,6 +73,12 @@ __all__ = [
 T = TypeVar("T")
 DefinitionLike: TypeAlias = JobDefinition | Mapping[str, Any]
 DEFAULT_TIMEOUT = 10.0
+LOG_PAGE = 5000  # lines read per query
+# Following a log that has ended (AsyncClient.follow_logs): how long to wait for its last
+# lines when the handler wrote nothing in its last delivery (they may be a monitor batch
+# or two behind the end: ~1 s under load), and for the end of a log that has lines.
+LOG_QUIET_END = 2.5
+LOG_END_PATIENCE = 10.0
 
 
 def _who() -> str:
@@ -282,6 +290,80 @@ class AsyncClient:
         rows = await self.fetch("get_execution", execution_id)
         return Execution.from_row(rows[0]) if rows else None
 
+    async def logs(self, execution_id: UUID, *, attempt: int | None = None
+                   ) -> builtins.list[LogEntry]:
+        """The log of an execution as projected so far (every delivery, in order), or of
+        attempt `attempt` of the same job in the same run. NotFoundError: no such execution."""
+        target = await self._attempt(execution_id, attempt)
+        lines: builtins.list[LogEntry] = []
+        while True:
+            batch = await self._lines_after(target, lines[-1] if lines else None)
+            lines += batch
+            if len(batch) < LOG_PAGE:
+                return lines
+
+    async def follow_logs(self, execution_id: UUID, *, attempt: int | None = None,
+                          poll_seconds: float = 1.0) -> AsyncGenerator[LogEntry, None]:
+        """The lines of an execution's log as they are projected, from its first, until the
+        execution has ended and its log is whole (`cronstream logs -f`). It wakes when the
+        monitor writes lines or executions (LISTEN), and at least every `poll_seconds`."""
+        target = await self._attempt(execution_id, attempt)
+        woken = asyncio.Event()
+        listener = await self._listen(("cronstream_logs", "cronstream_executions"), woken.set)
+        last: LogEntry | None = None
+        ended_since: float | None = None
+        try:
+            while True:
+                woken.clear()
+                state = (await self.fetch("log_state", target))[0]
+                for line in await self._lines_after(target, last):
+                    yield line
+                    last = line
+                if state["status"] in TERMINAL:
+                    now = asyncio.get_running_loop().time()
+                    ended_since = ended_since or now
+                    # Its end projected with the lines read after it: whole. No line of the
+                    # last delivery: the handler wrote nothing, or its lines come in the
+                    # next monitor batch or two. Never wait for ever on a worker's end.
+                    waited = now - ended_since
+                    if state["ended"] or waited >= (LOG_END_PATIENCE if state["lines"]
+                                                    else LOG_QUIET_END):
+                        for line in await self._lines_after(target, last):
+                            yield line
+                        return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), poll_seconds)
+        finally:
+            await listener.close()
+
+    async def _attempt(self, execution_id: UUID, attempt: int | None) -> UUID:
+        """`execution_id`, or the execution of its run's attempt `attempt`; NotFoundError."""
+        if attempt is None:
+            found = await self.fetch("log_state", execution_id)
+        else:
+            found = await self.fetch("attempt_of", execution_id, attempt)
+        if not found:
+            raise NotFoundError(f"no execution {execution_id}" + (
+                f" with an attempt {attempt}" if attempt is not None else ""))
+        return execution_id if attempt is None else UUID(str(found[0]["execution_id"]))
+
+    async def _lines_after(self, execution_id: UUID, last: LogEntry | None) -> builtins.list[LogEntry]:
+        after = (last.delivery, last.seq) if last is not None else (0, -1)
+        return [LogEntry.from_row(r) for r in await self.fetch("log_lines", execution_id, *after,
+                                                                  LOG_PAGE)]
+
+    async def _listen(self, channels: Sequence[str], wake: Any) -> asyncpg.Connection:
+        """A connection of its own that calls `wake` on every notification of `channels`."""
+        try:
+            conn = await asyncpg.connect(self.settings.database_url, timeout=self.timeout,
+                                         server_settings={"application_name": "cronstream-follow"})
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise UnavailableError(f"cannot reach PostgreSQL at "
+                                   f"{redact_url(self.settings.database_url)}: {_reason(exc)}") from None
+        for channel in channels:
+            await conn.add_listener(channel, lambda *_: wake())
+        return conn
+
     # -- plumbing -------------------------------------------------------------------
 
     async def fetch(self, name: str, *args: Any) -> builtins.list[asyncpg.Record]:
@@ -463,6 +545,23 @@ class Client:
 
     def execution(self, execution_id: UUID) -> Execution | None:
         return self._run(self._async.execution(execution_id))
+
+    def logs(self, execution_id: UUID, *, attempt: int | None = None) -> builtins.list[LogEntry]:
+        """The log of an execution as projected so far (AsyncClient.logs)."""
+        return self._run(self._async.logs(execution_id, attempt=attempt))
+
+    def follow_logs(self, execution_id: UUID, *, attempt: int | None = None) -> Iterator[LogEntry]:
+        """Its lines as they come, until the execution has ended (AsyncClient.follow_logs)."""
+        lines = self._async.follow_logs(execution_id, attempt=attempt)
+
+        async def step() -> LogEntry | None:
+            return await anext(lines, None)
+
+        try:
+            while (line := self._run(step())) is not None:
+                yield line
+        finally:
+            self._run(lines.aclose())
 
     def fetch(self, name: str, *args: Any) -> builtins.list[asyncpg.Record]:
         return self._run(self._async.fetch(name, *args))

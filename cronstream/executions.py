@@ -1,4 +1,5 @@
-"""`Execution`: one execution as the monitor has projected it into PostgreSQL."""
+"""`Execution`: one execution as the monitor has projected it into PostgreSQL; `LogEntry`:
+one line of its log."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from uuid import UUID
 
 from cronstream.shared.statuses import TERMINAL
 
-__all__ = ["Execution"]
+__all__ = ["Execution", "LogEntry"]
 
 
 def _plain(value: Any) -> Any:
@@ -69,6 +70,36 @@ class Execution:
         if isinstance(values["result"], str):  # jsonb arrives as its text
             values["result"] = json.loads(values["result"])
         return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible: ids as strings, times as RFC 3339."""
+        return {key: _plain(value) for key, value in asdict(self).items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One line of an execution's log (a row of `execution_logs`): what its handler wrote
+    to `stdout` or `stderr`, a `log` record (with its `level`), the `traceback` of a failed
+    attempt, or a note of the worker's (`cronstream`). `delivery` and `seq` order the lines;
+    `trace_id` finds the execution's trace."""
+
+    execution_id: UUID
+    attempt_number: int
+    delivery: int
+    seq: int
+    at: datetime
+    stream: str
+    level: str | None
+    text: str
+    worker_id: str | None
+    trace_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any] | Any) -> LogEntry:
+        """From a `log_lines` row."""
+        return cls(row["execution_id"], row["attempt_number"], row["delivery"], row["seq"],
+                   row["at"], row["stream"], row["level"], row["line"], row["worker_id"],
+                   row["trace_id"])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible: ids as strings, times as RFC 3339."""

@@ -549,6 +549,70 @@ class Alert(Record):
         return (self.job_id or f"queue:{self.queue or ''}").encode()
 
 
+LogStream = Literal["stdout", "stderr", "log", "traceback", "cronstream"]
+# A line is cut at 16 KiB by the worker (plus the note that says so); a traceback, one
+# entry, at 64 KiB (services/worker/capture.py).
+MAX_LOG_TEXT_CHARS = 66 * 1024
+MAX_LOG_LINES = 10_000
+
+
+class LogLine(UtcModel):
+    """One line of an execution's log: what the handler wrote to `stdout` or `stderr`, a
+    `log` record of Python's logging (with its level), the `traceback` of the attempt's
+    failure, or a note of the worker's (`cronstream`: what was cut, a killed handler)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    seq: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    at: UtcDatetime
+    stream: LogStream
+    level: Annotated[str, StringConstraints(max_length=16)] | None = None
+    text: Annotated[str, StringConstraints(max_length=MAX_LOG_TEXT_CHARS)]
+
+
+class LogBatch(Record):
+    """Lines of one delivery of one execution's log, on `execution-logs` (key:
+    execution_id, so that an execution's lines stay in order). `seq` numbers the lines of
+    a delivery from 0: a batch sent twice adds nothing. `final` marks the delivery's last
+    batch (its end was reported); a handler that writes nothing sends no batch at all."""
+
+    execution_id: UUID
+    job_id: JobId
+    run_id: UUID
+    attempt_number: Attempt
+    delivery: Delivery = 1
+    worker_id: WorkerId | None = None
+    trace_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
+    lines: Annotated[list[LogLine], Field(max_length=MAX_LOG_LINES)] = Field(default_factory=list)
+    final: bool = False
+
+
+# The largest log batch a worker writes (its lines' text; services/worker/logs.py), and
+# the largest a consumer takes.
+LOG_BATCH_TEXT_BYTES = 256 * 1024
+MAX_LOG_BATCH_BYTES = 1024 * 1024
+
+
+def render_log_batch(due: JobDue | FastDue, *, worker_id: str | None, trace_id: str | None,
+                     first_seq: int, lines: list[tuple[float, str, str | None, str]],
+                     final: bool) -> bytes:
+    """LogBatch(...).to_json() of the execution `due` asks for, for lines given as (epoch
+    seconds, stream, level, text), numbered from `first_seq`, without building the models:
+    a handler's output is data the worker already bounded (capture.py), and a model per
+    line would cost more than capturing it. Only for those values."""
+    rendered = [b'{"seq":%d,"at":%s,"stream":"%s","level":%s,"text":%s}' % (
+        first_seq + i, _encode(datetime.fromtimestamp(at, UTC)), stream.encode(),
+        b"null" if level is None else _encode(level), _encode(text))
+        for i, (at, stream, level, text) in enumerate(lines)]
+    return b"".join((
+        b'{"schema_version":1,"execution_id":', _encode(due.execution_id),
+        b',"job_id":', _encode(due.job_id), b',"run_id":', _encode(due.run_id),
+        b',"attempt_number":%d,"delivery":%d' % (due.attempt_number, due.delivery),
+        b',"worker_id":', _encode(worker_id), b',"trace_id":', _encode(trace_id),
+        b',"lines":[', b",".join(rendered), b'],"final":', b"true" if final else b"false", b"}",
+    ))
+
+
 CommandKind = Literal["CANCEL", "APPROVE", "REJECT"]
 
 

@@ -22,6 +22,7 @@ from cronstream.shared.records import (
     Heartbeat,
     JobDefinition,
     JobDue,
+    LogBatch,
     Record,
     RetryRequest,
 )
@@ -34,6 +35,7 @@ MODELS: dict[str, type[Record]] = {
     "retry-request": RetryRequest,
     "command": Command,
     "alert": Alert,
+    "log-batch": LogBatch,
 }
 
 

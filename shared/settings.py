@@ -69,6 +69,10 @@ class Settings(BaseModel):
     # A worker whose group join has not come back for this long starts over with a fresh
     # consumer (services/worker/service.py: _rejoin). Rebalances take seconds.
     worker_rejoin_after_seconds: Annotated[float, Field(gt=0)] = 30
+    # An attempt's log keeps at most this many bytes (the rest is counted and said), and a
+    # worker ships at most this many bytes of logs a second (services/worker/capture.py, logs.py).
+    worker_log_limit_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20
+    worker_log_rate_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 4 << 20
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
     # The leader commits the fires of ALLOW jobs up to this long before they are due, and
     # the workers start them at their scheduled_at, never before: the hops in between no

@@ -9,6 +9,7 @@ the queues they use, with the same settings.
 | job-definitions    | 1          | compact        | job_id                       |
 | job-due            | P          | delete 7 d     | job_id                       |
 | execution-events   | P          | delete 7 d     | job_id                       |
+| execution-logs     | P          | delete 7 d     | execution_id                 |
 | heartbeats         | 1          | delete 1 h     | worker_id                    |
 | retries            | 1          | compact        | execution_id of next attempt |
 | dead-letters       | 1          | delete 14 d    | original key                 |
@@ -65,6 +66,10 @@ class Topics:
         return f"{self.prefix}execution-events"
 
     @property
+    def execution_logs(self) -> str:
+        return f"{self.prefix}execution-logs"
+
+    @property
     def heartbeats(self) -> str:
         return f"{self.prefix}heartbeats"
 
@@ -115,6 +120,7 @@ class Topics:
             TopicSpec(self.job_definitions, 1, dict(_COMPACT)),
             TopicSpec(self.job_due, p, week),
             TopicSpec(self.execution_events, p, week),
+            TopicSpec(self.execution_logs, p, week),
             TopicSpec(self.heartbeats, 1, {"retention.ms": str(3_600_000)}),
             TopicSpec(self.retries, 1, dict(_COMPACT)),
             TopicSpec(self.dead_letters, 1, {"retention.ms": str(14 * _DAY_MS)}),

@@ -58,6 +58,7 @@ async def seed(conn: asyncpg.Connection, jobs: int = 1000, executions: int = 1_0
     for index in dropped:  # exactly the migrations' indexes, built once over the data
         await conn.execute(index["indexdef"])
     took["indexes"] = round(time.monotonic() - started, 2)
+    await step("seed_logs")
     await step("seed_dag_evaluations")
     await step("seed_alerts", jobs, days)
     await step("seed_workers")

@@ -53,10 +53,11 @@ FROM generate_series(0, $2::int - 1) AS i
 CROSS JOIN LATERAL (SELECT now() - (i::double precision / $2::int) * $3::int * interval '1 day' AS at) t
 CROSS JOIN LATERAL (SELECT CASE
     WHEN i < 40 THEN (ARRAY['QUEUED', 'RUNNING', 'AWAITING_APPROVAL', 'RUNNING'])[i % 4 + 1]
-    WHEN i % 50 = 1 THEN 'FAILED'
-    WHEN i % 100 = 3 THEN 'TIMED_OUT'
-    WHEN i % 200 = 5 THEN 'PERMANENTLY_FAILED'
-    WHEN i % 300 = 9 THEN 'SKIPPED'
+    -- By the run's number within its job: every job fails now and then, as real ones do.
+    WHEN i / $1::int % 50 = 1 THEN 'FAILED'
+    WHEN i / $1::int % 100 = 3 THEN 'TIMED_OUT'
+    WHEN i / $1::int % 200 = 5 THEN 'PERMANENTLY_FAILED'
+    WHEN i / $1::int % 300 = 9 THEN 'SKIPPED'
     ELSE 'COMPLETED' END AS status) s;
 
 -- name: seed_events
@@ -70,6 +71,19 @@ SELECT md5('event|' || e.execution_id || '|' || k)::uuid, e.execution_id, e.job_
 FROM job_executions e
 CROSS JOIN generate_series(1, 3) AS k
 WHERE $1::int = 1 OR abs(hashtext(e.execution_id::text)) % $1::int = 0;
+
+-- name: seed_logs
+-- The log of every failed execution: a printed line, a logged warning, its traceback.
+INSERT INTO execution_logs (execution_id, delivery, seq, job_id, attempt_number, at, stream,
+                            level, line, worker_id)
+SELECT e.execution_id, 1, k - 1, e.job_id, e.attempt_number, e.started_at + k * interval '10 ms',
+       (ARRAY['stdout', 'log', 'traceback'])[k], (ARRAY[NULL, 'WARNING', 'ERROR'])[k],
+       (ARRAY['processing', 'app: retrying',
+              'Traceback (most recent call last):' || chr(10) || 'RuntimeError: boom'])[k],
+       e.worker_id
+FROM job_executions e
+CROSS JOIN generate_series(1, 3) AS k
+WHERE e.status IN ('FAILED', 'TIMED_OUT', 'PERMANENTLY_FAILED');
 
 -- name: seed_dag_evaluations
 INSERT INTO dag_evaluations (run_id, job_id, execution_id, decision, detail, decided_at)

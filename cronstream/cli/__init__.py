@@ -14,6 +14,7 @@ from cronstream.cli import (
     infra_cmds,
     inspect_cmds,
     job_cmds,
+    logs_cmd,
     prune_cmd,
     service_cmds,
     ui_cmd,
@@ -24,7 +25,7 @@ from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_clo
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
-    "jobs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
+    "jobs", "logs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,8 +74,8 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
     ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None}, timeout)
 
 
-for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd,
-               ui_cmd, prune_cmd):
+for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, logs_cmd, completion_cmd,
+               dev_cmd, ui_cmd, prune_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

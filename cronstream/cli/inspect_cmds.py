@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.logs_cmd import escaped
 from cronstream.cli.output import Column, ago, emit, plain, plain_table, show, show_one
 from cronstream.client import Client
 from cronstream.definitions import document
@@ -173,6 +174,8 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
         e = _execution(client, execution_id)
         timeline = client.fetch("execution_timeline", execution_id)
         run = client.fetch("run_executions", e.run_id)
+        log_state = client.fetch("log_state", execution_id)[0]
+        traceback = client.fetch("last_traceback", execution_id)
     _field("Execution", str(e.execution_id))
     _field("Job", e.job_id)
     _field("Run", str(e.run_id))
@@ -195,6 +198,11 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
         _field("Error", e.error_message)
     if e.result is not None:
         _field("Result", json.dumps(e.result, ensure_ascii=False))
+    _field("Log", f"{log_state['lines']} lines: cronstream logs {e.execution_id}"
+                  if log_state["lines"] else "none (the handler wrote nothing)")
+    if traceback:
+        emit("Traceback:")
+        emit("\n".join("  " + line for line in escaped(traceback[0]["line"]).splitlines()))
     emit("Events:")
     for ev in timeline:
         detail = ev["error_message"] or ev["progress_message"] or (

@@ -96,7 +96,8 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
         worker_queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
         http_port=http_port, http_bind=http_bind,
     )
-    runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports), allow_shell)
+    runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports), allow_shell,
+                        log_limit=settings.worker_log_limit_bytes)
     sys.exit(run_service(WorkerService(settings, runner), settings))
 
 

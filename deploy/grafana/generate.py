@@ -163,6 +163,11 @@ JOB = Dashboard(
         Sql("Runs", "job_runs",
             ("time", "execution_id", "status", "attempt", "duration_seconds", "start_lag_seconds",
              "progress", "progress_message", "worker_id", "error_message"), w=24, h=12),
+        Sql("Log of the last failure", "job_last_failure_log",
+            ("time", "execution_id", "attempt", "stream", "level", "line"), w=24, h=12,
+            description="What the latest failed attempt wrote, its traceback last "
+                        "(all of it: `cronstream logs EXECUTION_ID`, or the dashboard's "
+                        "execution page)."),
         Sql("Alerts", "job_alerts", ("time", "kind", "state", "severity", "summary", "resolved_at"),
             w=24),
     ),

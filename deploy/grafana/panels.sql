@@ -102,6 +102,20 @@ WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at) AND status = 'CO
 GROUP BY 1
 ORDER BY 1;
 
+-- name: job_last_failure_log
+-- The log of the job's latest failed attempt in the time range, its traceback last: what
+-- it wrote before it failed (the whole log: `cronstream logs EXECUTION_ID`).
+SELECT l.at AS "time", l.execution_id, l.attempt_number AS attempt, l.stream, l.level, l.line
+FROM execution_logs l
+WHERE l.execution_id = (
+    SELECT execution_id FROM job_executions
+    WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at)
+      AND status IN ('FAILED', 'TIMED_OUT', 'PERMANENTLY_FAILED')
+    ORDER BY completed_at DESC NULLS LAST
+    LIMIT 1)
+ORDER BY l.delivery, l.seq
+LIMIT 1000;
+
 -- name: job_alerts
 SELECT fired_at AS "time", kind, state, severity, summary, resolved_at
 FROM alerts

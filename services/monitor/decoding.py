@@ -21,7 +21,14 @@ from cronstream.shared.fast_records import EventRecord, decode_event
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition
+from cronstream.shared.records import (
+    MAX_LOG_BATCH_BYTES,
+    Alert,
+    Command,
+    Heartbeat,
+    JobDefinition,
+    LogBatch,
+)
 from cronstream.shared.schedule import from_epoch_ms
 from cronstream.shared.telemetry import traceparent_of
 from cronstream.shared.topics import Topics
@@ -38,6 +45,7 @@ class MonitorBatch:
     definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
+    logs: list[tuple[LogBatch, int, int]] = field(default_factory=list)
     dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
     traces: dict[UUID, str] = field(default_factory=dict)  # event_id -> traceparent
     epoch: int = 0  # the monitor's resync epoch when it was read (service.py: _resync)
@@ -71,6 +79,10 @@ class Decoder:
                     event = decode_event(msg.value(), msg.key())
                     batch.events.append((event, partition, offset))
                     self._trace(batch, event, msg)
+                elif topic == t.execution_logs:
+                    batch.logs.append((decode(LogBatch, msg.value(), key=msg.key(),
+                                              key_field="execution_id",
+                                              max_bytes=MAX_LOG_BATCH_BYTES), partition, offset))
                 elif topic == t.heartbeats:
                     beat = decode(Heartbeat, msg.value(), key=msg.key(), key_field="worker_id")
                     batch.beats.append((beat, partition, offset))

@@ -1,11 +1,12 @@
 """Retention: delete what is older than `retention_days`, in bounded batches.
 
-`job_executions` and `execution_events` would otherwise grow forever. Every batch is one
-short transaction of its own (`shared/sql/retention.sql`): at most `retention_batch`
-executions with their events, oldest first through the `scheduled_at` index, skipping
-rows the projection holds (SKIP LOCKED). So the projection never waits on the sweep for
-longer than one batch, and a sweep that is stopped halfway has still deleted whole
-executions (never an execution without its events, or the reverse). Why batches rather
+`job_executions`, `execution_events` and `execution_logs` would otherwise grow forever.
+Every batch is one short transaction of its own (`shared/sql/retention.sql`): at most
+`retention_batch` executions with their events and logs, oldest first through the
+`scheduled_at` index, skipping rows the projection holds (SKIP LOCKED). So the
+projection never waits on the sweep for longer than one batch, and a sweep that is
+stopped halfway has still deleted whole executions (never an execution without its
+events or logs, or the reverse). Why batches rather
 than time partitions: docs/decisions/0021-retention-by-bounded-batches.md.
 
 Used by the monitor (`retention_loop`, every `retention_interval_seconds`, one monitor
@@ -47,7 +48,8 @@ class Pruned:
     """What one sweep deleted."""
 
     cutoff: datetime
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*TABLES, "events"), 0))
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((*TABLES, "events", "log_lines"), 0))
     batches: int = 0
     seconds: float = 0.0
     complete: bool = True
@@ -81,6 +83,7 @@ async def prune(conn: Any, cutoff: datetime, batch: int,
                 assert row is not None
                 deleted = int(row["executions"])
                 result.counts["events"] += int(row["events"])
+                result.counts["log_lines"] += int(row["log_lines"])
             else:
                 status = await conn.execute(query(f"prune_{table}", SQL), cutoff, batch)
                 deleted = int(status.split()[-1])  # "DELETE n"

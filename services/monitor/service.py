@@ -158,7 +158,8 @@ class MonitorService:
         tasks: list[asyncio.Task[None]] = []
         try:
             await consumer.call(lambda: consumer.consumer.subscribe(
-                [t.execution_events, t.heartbeats, t.job_definitions, t.commands, t.alerts],
+                [t.execution_events, t.execution_logs, t.heartbeats, t.job_definitions,
+                 t.commands, t.alerts],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke))
             writer = self._writer = asyncio.create_task(self._write_batches())
             tasks = [writer, asyncio.create_task(supervise(
@@ -362,7 +363,8 @@ class MonitorService:
         t = self.topics
         for topic, count in ((t.execution_events, len(fresh.events)), (t.heartbeats, len(fresh.beats)),
                              (t.job_definitions, len(fresh.definitions)),
-                             (t.commands, len(fresh.commands)), (t.alerts, len(fresh.alerts))):
+                             (t.commands, len(fresh.commands)), (t.alerts, len(fresh.alerts)),
+                             (t.execution_logs, len(fresh.logs))):
             if count:
                 metrics.PROJECTED.labels(topic=t.logical(topic)).inc(count)
         for event, _, _ in fresh.events:

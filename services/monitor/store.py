@@ -37,7 +37,7 @@ from cronstream.services.monitor.projection import (
 from cronstream.shared.db import query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition, now_utc
+from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition, LogBatch, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.topics import Topics
 
@@ -54,6 +54,7 @@ class Fresh:
     definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
+    logs: list[LogBatch] = field(default_factory=list)
     dead: list[Any] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     traces: dict[Any, str] = field(default_factory=dict)  # event_id -> traceparent
@@ -61,7 +62,7 @@ class Fresh:
     @property
     def count(self) -> int:
         return len(self.events) + len(self.beats) + len(self.definitions) + len(self.commands) \
-            + len(self.alerts)
+            + len(self.alerts) + len(self.logs)
 
 
 def clean(value: Any) -> Any:
@@ -98,25 +99,56 @@ _EVENT_COLUMNS = (
 )
 
 
-async def insert_events(conn: Any, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
-    """Append `rows` to `execution_events`, in the open transaction: COPYed straight into
-    the table: PostgreSQL then writes each event once, not twice through the staging table.
-    An event id the table holds already (the same event published twice: the log is
-    at-least-once for whoever writes it from outside) refuses that COPY, in a savepoint
-    so that the batch's transaction goes on; the batch then goes through the staging
-    table, whose INSERT skips the repeats (docs/decisions/0015)."""
-    if sanitize:
-        rows = sanitized(rows)
+# execution_logs' columns in `log_rows`' order (projected_at takes its default).
+_LOG_COLUMNS = ("execution_id", "delivery", "seq", "job_id", "attempt_number", "at", "stream",
+                "level", "line", "worker_id", "trace_id")
+
+
+async def append(conn: Any, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], *,
+                 staged: str, insert: str) -> None:
+    """Append `rows` to `table`, in the open transaction: COPYed straight into the table:
+    PostgreSQL then writes each row once, not twice through the staging table. A key the
+    table holds already (an event published twice: the log is at-least-once for whoever
+    writes it from outside; a batch projected again) refuses that COPY, in a savepoint so
+    that the batch's transaction goes on; the rows then go through the `staged` table,
+    whose `insert` skips the repeats (docs/decisions/0015)."""
     try:
         async with conn.transaction():
-            await conn.copy_records_to_table("execution_events", records=rows,
-                                             columns=_EVENT_COLUMNS)
+            await conn.copy_records_to_table(table, records=rows, columns=columns)
         return
     except asyncpg.UniqueViolationError:
-        log(logger, "repeated_events_skipped", rows=len(rows),
-            reason="an event id of the batch is projected already")
-    await stage(conn, "staged_events", rows)
-    await conn.execute(query("insert_events"))
+        log(logger, "repeated_rows_skipped", table=table, rows=len(rows),
+            reason="a key of the batch is projected already")
+    await stage(conn, staged, rows)
+    await conn.execute(query(insert))
+
+
+async def insert_events(conn: Any, rows: list[tuple[Any, ...]], sanitize: bool = False) -> None:
+    """Append `rows` to `execution_events` (`append`)."""
+    await append(conn, "execution_events", _EVENT_COLUMNS, sanitized(rows) if sanitize else rows,
+                 staged="staged_events", insert="insert_events")
+
+
+def log_rows(batches: list[LogBatch]) -> list[tuple[Any, ...]]:
+    """Rows of `execution_logs` (in _LOG_COLUMNS' order) from log batches."""
+    return [(b.execution_id, b.delivery, line.seq, b.job_id, b.attempt_number, line.at,
+             line.stream, line.level, line.text, b.worker_id, b.trace_id)
+            for b in batches for line in b.lines]
+
+
+async def insert_logs(conn: Any, batches: list[LogBatch]) -> None:
+    """The lines of `batches` (their text holds no NUL: the worker escapes it), and the
+    end of each delivery whose final batch is among them."""
+    rows = log_rows(batches)
+    if rows:
+        await append(conn, "execution_logs", _LOG_COLUMNS, rows, staged="staged_log_lines",
+                     insert="insert_log_lines")
+    ends = [b for b in batches if b.final]
+    if ends:
+        await conn.execute(query("insert_log_ends"), [b.execution_id for b in ends],
+                           [b.delivery for b in ends],
+                           [b.lines[-1].seq + 1 if b.lines else 0 for b in ends],
+                           [b.lines[-1].at if b.lines else now_utc() for b in ends])
 
 
 async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: bool = False) -> None:
@@ -154,6 +186,7 @@ class ProjectionStore:
                 definitions=[d[:3] for d in batch.definitions if new(t.job_definitions, d[3], d[4])],
                 commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
                 alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
+                logs=[b for b, p, o in batch.logs if new(t.execution_logs, p, o)],
                 dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
                 offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
                 traces=batch.traces,
@@ -192,6 +225,8 @@ class ProjectionStore:
             await conn.execute(query("upsert_workers"), *tidy(heartbeat_arrays(fresh.beats)))
         if fresh.alerts:
             await conn.execute(query("upsert_alerts"), *tidy(alert_arrays(fresh.alerts)))
+        if fresh.logs:
+            await insert_logs(conn, fresh.logs)
         for job_id, definition, seen_at in fresh.definitions:
             await self._definition(conn, job_id, definition, seen_at, sanitize)
         return patches

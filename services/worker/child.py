@@ -6,7 +6,8 @@ first, one JSON array per line:
     parent → child  [handler, execution_id, job_id, run_id, attempt_number,
                      idempotency_key, scheduled_at, params, [[header, base64 value]...]]
     child → parent  ["progress", 40, "message"]
-                    ["done", "COMPLETED", result, error]
+                    ["log", [[epoch seconds, stream, level, text]...]]
+                    ["done", "COMPLETED", result, error, traceback]
     parent → child  <execution id>        (the second pipe: cancel that execution)
 
 A run is one write and, in the child, one read: msgspec decodes it straight into the
@@ -15,7 +16,8 @@ whatever lines have arrived with one system call (docs/decisions/0024). The chil
 thread reads its runs itself: an execution costs one wake-up of the child, not a reader
 thread's and then the main thread's. Cancellations, rare, come on their own pipe, read by
 a thread that sleeps until one does; it names its execution, so one that arrives late
-never touches the next run.
+never touches the next run. What the handler writes is captured (capture.py) and goes up
+the first pipe as `log` lines while it runs, and the rest before its `done`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from uuid import UUID
 import msgspec
 
 from cronstream.handlers import REGISTRY, Context
+from cronstream.services.worker.capture import Line, ProcessCapture, RunLog
 from cronstream.services.worker.runner import failed, returned
 from cronstream.shared import telemetry
 from cronstream.shared.fast_records import DueRecord
@@ -93,7 +96,24 @@ def send(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool) -> None:
+class _Up:
+    """The child's end of the first pipe, written by its main thread (progress, done) and
+    its capture thread (log lines): one line at a time."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        with self._lock:
+            send(self.fd, data)
+
+    def lines(self, lines: list[Line]) -> None:
+        self.send(_encode(("log", lines)) + b"\n")
+
+
+def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool,
+               log_limit: int = 1 << 20) -> None:
     """Entry point of a pool process: import the handler modules, then run executions.
 
     Each execution runs inside the run's trace context (sent by the parent), under a span
@@ -119,15 +139,25 @@ def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_
     watch = _Cancels(cancels)
     threading.Thread(target=watch.read, daemon=True, name="pool-cancels").start()
     fd = conn.fileno()
+    up = _Up(fd)
+    capture = ProcessCapture(up.lines)
     decode = msgspec.json.Decoder(RunMessage).decode
     for line in lines(fd):  # until the parent is gone
         run = decode(line)
         cancel = watch.running(run.execution_id)
+        log = RunLog(log_limit)
+        capture.begin(log)
         with telemetry.attached(run.trace):
-            reply = _run(run, fd, cancel)
+            reply = _run(run, up, cancel)
+        rest = capture.end()
+        summary = log.summary()
+        if summary is not None:
+            rest.append(summary)
+        if rest:
+            up.lines(rest)
         watch.finished()
         telemetry.flush()
-        send(fd, reply)
+        up.send(reply)
 
 
 class _Cancels:
@@ -163,14 +193,14 @@ class _Cancels:
                     flag.set()
 
 
-def _run(run: RunMessage, fd: int, cancel: threading.Event) -> bytes:
+def _run(run: RunMessage, up: _Up, cancel: threading.Event) -> bytes:
     """The `done` line of one run (the result's JSON is spliced in, not encoded twice)."""
     spec = REGISTRY.get(run.handler)
     if spec is None:
         return _done("PERMANENTLY_FAILED", error=f"unknown handler {run.handler!r}")
 
     def progress(percent: float, text: str | None) -> None:
-        send(fd, _encode(("progress", percent, text)) + b"\n")
+        up.send(_encode(("progress", percent, text)) + b"\n")
 
     with telemetry.handler_span(run.handler, telemetry.lone_traceparent(run.trace),
                                 job_id=run.job_id, execution_id=run.execution_id) as traceparent:
@@ -183,15 +213,15 @@ def _run(run: RunMessage, fd: int, cancel: threading.Event) -> bytes:
             result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
         except Exception as exc:
             outcome = failed(exc)
-            return _done(outcome.status, outcome.error)
+            return _done(outcome.status, outcome.error, outcome.traceback)
     outcome, encoded = returned(result, cancel.is_set())
     if encoded is None:
         return _done(outcome.status, outcome.error)
-    return b'["done","%s",%s,null]\n' % (outcome.status.encode(), encoded.encode())
+    return b'["done","%s",%s,null,null]\n' % (outcome.status.encode(), encoded.encode())
 
 
-def _done(status: str, error: str | None) -> bytes:
-    return _encode(("done", status, None, error)) + b"\n"
+def _done(status: str, error: str | None, traceback: str | None = None) -> bytes:
+    return _encode(("done", status, None, error, traceback)) + b"\n"
 
 
 __all__ = ["BUILTINS", "READ_SIZE", "RunMessage", "child_main", "lines", "run_message", "send"]

@@ -17,6 +17,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from cronstream.services.worker.logs import ExecutionLog
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
 from cronstream.shared.fast_records import DueRecord, as_model
@@ -39,6 +40,7 @@ class Running:
     cancel: CancelSignal = field(default_factory=CancelSignal)
     task: asyncio.Task[None] | None = None
     last_progress: float = 0.0
+    log: ExecutionLog | None = None  # made when its handler first writes (logs.py)
 
     @property
     def headers(self) -> list[tuple[str, bytes]]:
@@ -65,6 +67,7 @@ class Finished:
     # Built once: a turn whose outcome is unknown reports them again, byte for byte, so a
     # repeat carries the same event_id (and the same retry) and consumers drop it.
     records: list[OutRecord] | None = None
+    log: list[OutRecord] = field(default_factory=list)  # the final batch of its log (logs.py)
 
 
 class Reporter:
@@ -130,6 +133,7 @@ class Reporter:
             log(logger, "execution_finished", level, job_id=run.due.job_id,
                 execution_id=str(run.due.execution_id), status=status,
                 attempt=run.due.attempt_number, error=error, trace_id=run.trace_id)
+        records.extend(done.log)
         done.records = records
         return records
 

@@ -12,8 +12,10 @@ import asyncio
 import threading
 from typing import Any
 
+from cronstream.services.worker.capture import RunLog, inline_run
 from cronstream.services.worker.runner import (
     CancelSignal,
+    LinesFn,
     Outcome,
     ProgressFn,
     failed,
@@ -35,23 +37,32 @@ class _NeverCancelled(threading.Event):
 _NEVER_CANCELLED = _NeverCancelled()
 
 
-def run_now(func: Any, due: DueRecord, progress: ProgressFn, traceparent: str | None) -> Outcome:
-    """An inline synchronous handler, called here and now."""
+def run_now(func: Any, due: DueRecord, progress: ProgressFn, traceparent: str | None, *,
+            lines: LinesFn | None = None, log_limit: int = 1 << 20) -> Outcome:
+    """An inline synchronous handler, called here and now; what it writes goes to `lines`."""
+    log = RunLog(log_limit) if lines is not None else None
     try:
-        with telemetry.handler_span(due.job.handler, traceparent, job_id=due.job_id,
-                                    execution_id=due.execution_id) as current:
+        with inline_run(log), telemetry.handler_span(
+                due.job.handler, traceparent, job_id=due.job_id,
+                execution_id=due.execution_id) as current:
             result = func(make_context(due, progress, _NEVER_CANCELLED, current))
     except Exception as exc:
-        return failed(exc)
-    return returned(result, cancelled=False)[0]
+        outcome = failed(exc)
+    else:
+        outcome = returned(result, cancelled=False)[0]
+    _hand_over(log, lines)
+    return outcome
 
 
 async def run(func: Any, is_async: bool, due: DueRecord, progress: ProgressFn,
-              cancel: CancelSignal) -> Outcome:
-    """An inline handler as a task: an async one is cancelled at its timeout."""
+              cancel: CancelSignal, *, lines: LinesFn | None = None, log_limit: int = 1 << 20
+              ) -> Outcome:
+    """An inline handler as a task: an async one is cancelled at its timeout. What it writes
+    goes to `lines` when it ends (an inline run is short, or it would be in the pool)."""
+    log = RunLog(log_limit) if lines is not None else None
     try:
-        with telemetry.handler_span(due.job.handler, job_id=due.job_id,
-                                    execution_id=due.execution_id) as traceparent:
+        with inline_run(log), telemetry.handler_span(
+                due.job.handler, job_id=due.job_id, execution_id=due.execution_id) as traceparent:
             ctx = make_context(due, progress, cancel.flag, traceparent)
             if is_async:
                 result = await asyncio.wait_for(func(ctx), due.job.timeout_seconds)
@@ -59,7 +70,21 @@ async def run(func: Any, is_async: bool, due: DueRecord, progress: ProgressFn,
                 result = func(ctx)
     except TimeoutError:
         cancel.set("timeout")
-        return Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s")
+        outcome = Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s")
     except Exception as exc:
-        return failed(exc)
-    return returned(result, cancel.is_set())[0]
+        outcome = failed(exc)
+    else:
+        outcome = returned(result, cancel.is_set())[0]
+    _hand_over(log, lines)
+    return outcome
+
+
+def _hand_over(log: RunLog | None, lines: LinesFn | None) -> None:
+    if log is None or lines is None:
+        return
+    taken = log.take()
+    summary = log.summary()
+    if summary is not None:
+        taken.append(summary)
+    if taken:
+        lines(taken)

@@ -29,8 +29,9 @@ import msgspec
 
 from cronstream.handlers import HandlerRegistry
 from cronstream.services.worker import inline
+from cronstream.services.worker.capture import install_inline_capture
 from cronstream.services.worker.child import BUILTINS, READ_SIZE, child_main, run_message, send
-from cronstream.services.worker.runner import CancelSignal, Outcome, ProgressFn
+from cronstream.services.worker.runner import CancelSignal, LinesFn, Outcome, ProgressFn
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.logs import log
@@ -62,7 +63,8 @@ class Child:
     per execution); what it reads settles the current run's future, which its timer and
     its cancel signal may settle first."""
 
-    def __init__(self, ctx: Any, imports: list[str], allow_shell: bool) -> None:
+    def __init__(self, ctx: Any, imports: list[str], allow_shell: bool, log_limit: int = 1 << 20
+                 ) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
         cancels_in, cancels_out = ctx.Pipe(duplex=False)
         self.conn: Connection = parent_end
@@ -70,7 +72,7 @@ class Child:
         self._fd = parent_end.fileno()
         self._partial = b""  # the start of a line still being read
         self.process = ctx.Process(target=child_main,
-                                   args=(child_end, cancels_in, imports, allow_shell),
+                                   args=(child_end, cancels_in, imports, allow_shell, log_limit),
                                    daemon=True, name="cronstream-handler")
         self.process.start()
         child_end.close()
@@ -80,6 +82,7 @@ class Child:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reply: asyncio.Future[list[Any] | None] | None = None
         self._progress: ProgressFn | None = None
+        self._lines: LinesFn | None = None
         self.run_started = 0.0
         self._naps = 0  # looks of the pool in a row that found this process asleep
 
@@ -111,9 +114,13 @@ class Child:
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
             message = _reply(line)
-            if message[0] == "progress":
+            kind = message[0]
+            if kind == "progress":
                 if self._progress is not None:
                     self._progress(float(message[1]), message[2])
+            elif kind == "log":
+                if self._lines is not None:
+                    self._lines([tuple(entry) for entry in message[1]])
             else:
                 self._settle(message)
 
@@ -154,11 +161,12 @@ class Child:
         self.cancels.close()
 
     async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
-                  trace: Headers | None = None) -> Outcome:
+                  trace: Headers | None = None, lines: LinesFn | None = None) -> Outcome:
         loop = asyncio.get_running_loop()
         self._watch(loop)
         reply = self._reply = loop.create_future()
         self._progress = progress
+        self._lines = lines
         self.executions += 1
         started = self.run_started = loop.time()
         self._naps = 0
@@ -198,6 +206,7 @@ class Child:
             timer.cancel()
             self._reply = None
             self._progress = None
+            self._lines = None
 
     def _stop(self, due: DueRecord, cancelled_at: float | None, started: float, now: float) -> Outcome:
         """The handler overran its timeout or its cancellation grace: kill it."""
@@ -211,11 +220,12 @@ class Child:
 
 
 def _outcome(message: list[Any], cancelled: bool) -> Outcome:
-    _, status, result, error = message
+    _, status, result, error, traceback = message
     if cancelled and status in ("COMPLETED", "FAILED"):
         status = "CANCELLED"
     return Outcome(status, result=result,
-                   error=error or ("cancelled" if status == "CANCELLED" else None))
+                   error=error or ("cancelled" if status == "CANCELLED" else None),
+                   traceback=traceback)
 
 
 # Processes a pool starts with; it starts more as runs need them, up to its size.
@@ -280,11 +290,13 @@ class PoolRunner:
     reused last in, first out."""
 
     def __init__(self, registry: HandlerRegistry, size: int, imports: list[str],
-                 allow_shell: bool = False, cpus: int | None = None) -> None:
+                 allow_shell: bool = False, *, cpus: int | None = None,
+                 log_limit: int = 1 << 20) -> None:
         self.registry = registry
         self.size = size
         self.imports = list(imports)
         self.allow_shell = allow_shell
+        self.log_limit = log_limit  # bytes of an attempt's log (capture.py)
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload([FORKSERVER_SIGNALS, BUILTINS, *self.imports])
         # Last in, first out: the child that just answered runs the next execution, while
@@ -307,7 +319,9 @@ class PoolRunner:
 
     async def start(self) -> None:
         """Start the warm processes, without waiting for them: each joins the idle ones
-        when it is up, and a run waits for the first free one."""
+        when it is up, and a run waits for the first free one. What inline handlers write
+        is captured from here on (capture.py)."""
+        install_inline_capture()
         for _ in range(min(self.size, WARM_PROCESSES)):
             self._spawn_one()
 
@@ -344,7 +358,7 @@ class PoolRunner:
         self._release(child)
 
     def _spawn(self) -> Child:
-        return Child(self._ctx, self.imports, self.allow_shell)
+        return Child(self._ctx, self.imports, self.allow_shell, self.log_limit)
 
     def _release(self, child: Child) -> None:
         """A free process: to the run that has waited longest, else to the idle ones."""
@@ -416,8 +430,8 @@ class PoolRunner:
         self._children.clear()
         self._idle.clear()
 
-    def run_now(self, due: DueRecord, progress: ProgressFn, trace: Headers | None = None
-                ) -> Outcome | None:
+    def run_now(self, due: DueRecord, progress: ProgressFn, trace: Headers | None = None,
+                lines: LinesFn | None = None) -> Outcome | None:
         """The outcome of a run that needs no waiting, on the spot: an unknown handler, or
         an inline synchronous one (called here, on the event loop it must not block,
         inside the context of the trace headers `trace`, when given: its log lines carry
@@ -429,12 +443,14 @@ class PoolRunner:
         if not spec.inline or spec.is_async:
             return None
         if trace is None:
-            return inline.run_now(spec.func, due, progress, None)
+            return inline.run_now(spec.func, due, progress, None, lines=lines,
+                                  log_limit=self.log_limit)
         with telemetry.attached(trace):
-            return inline.run_now(spec.func, due, progress, telemetry.lone_traceparent(trace))
+            return inline.run_now(spec.func, due, progress, telemetry.lone_traceparent(trace),
+                                  lines=lines, log_limit=self.log_limit)
 
     async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
-                  trace: Headers | None = None) -> Outcome:
+                  trace: Headers | None = None, lines: LinesFn | None = None) -> Outcome:
         """Run `due` to its outcome: an inline handler inside the context of the trace
         headers `trace` (its span and log lines join the trace), a pool one in a process
         that attaches them itself (the parent does not)."""
@@ -443,7 +459,8 @@ class PoolRunner:
             return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
         if spec.inline:
             with telemetry.attached(trace):
-                return await inline.run(spec.func, spec.is_async, due, progress, cancel)
+                return await inline.run(spec.func, spec.is_async, due, progress, cancel,
+                                        lines=lines, log_limit=self.log_limit)
         child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
@@ -452,7 +469,7 @@ class PoolRunner:
             self._release(child)
             return Outcome("CANCELLED", error="cancelled before it started")
         try:
-            return await child.run(due, progress, cancel, trace)
+            return await child.run(due, progress, cancel, trace, lines)
         finally:
             # A child that answered is alive (no waitpid per execution); one that did not
             # was killed or lost its pipe.

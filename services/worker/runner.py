@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cronstream.handlers import Context, NonRetryableError
+from cronstream.services.worker.capture import Line, format_traceback
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.records import MAX_RESULT_BYTES
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
 ProgressFn = Callable[[float, str | None], None]
+LinesFn = Callable[[list[Line]], None]  # lines of a run's log as they are captured
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,7 @@ class Outcome:
     status: OutcomeStatus
     result: Any = None
     error: str | None = None
+    traceback: str | None = None  # of the exception a handler raised (capture.py)
 
     @property
     def retryable(self) -> bool:
@@ -110,7 +113,7 @@ def failed(exc: BaseException) -> Outcome:
     """What a handler that raised `exc` ends as: the one mapping from a handler's errors
     to outcomes, in a pool process and inline alike. NonRetryableError is not retried."""
     status: OutcomeStatus = "PERMANENTLY_FAILED" if isinstance(exc, NonRetryableError) else "FAILED"
-    return Outcome(status, error=describe_error(exc))
+    return Outcome(status, error=describe_error(exc), traceback=format_traceback(exc))
 
 
 def returned(result: Any, cancelled: bool) -> tuple[Outcome, str | None]:

@@ -48,7 +48,8 @@ from cronstream.services.worker.executions import (
 )
 from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.intake import Intake
-from cronstream.services.worker.runner import CancelSignal, Outcome
+from cronstream.services.worker.logs import LogShipper
+from cronstream.services.worker.runner import CancelSignal, LinesFn, Outcome
 from cronstream.services.worker.slots import Slots
 from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
@@ -104,11 +105,11 @@ class Runner(Protocol):
 
     async def close(self) -> None: ...
 
-    def run_now(self, due: DueRecord, progress: Any, trace: Headers | None = None
-                ) -> Outcome | None: ...
+    def run_now(self, due: DueRecord, progress: Any, trace: Headers | None = None,
+                lines: LinesFn | None = None) -> Outcome | None: ...
 
     async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal,
-                  trace: Headers | None = None) -> Outcome: ...
+                  trace: Headers | None = None, lines: LinesFn | None = None) -> Outcome: ...
 
 
 class WorkerService:
@@ -149,6 +150,9 @@ class WorkerService:
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
         self._heartbeats: Heartbeats | None = None
+        self.logs = LogShipper(self.topics, self.worker_id, settings.worker_log_rate_bytes,
+                               lambda: self.kafka.idempotent(producer_config(
+                                   self.settings, f"worker-{self.worker_id}-logs")))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -212,6 +216,8 @@ class WorkerService:
                     "heartbeats", partial(self._heartbeats.loop, lambda: self.status,
                                           self.settings.heartbeat_interval_seconds, beating),
                     self.health, stopping)),
+                asyncio.create_task(supervise("logs", partial(self.logs.loop, beating),
+                                              self.health, stopping)),
             ]
             await self._subscribe()
             log(logger, "worker_started", worker_id=self.worker_id, queues=",".join(self.queues),
@@ -233,6 +239,7 @@ class WorkerService:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await commands.close()
+            await self.logs.close()
             await self._heartbeats.last("OFFLINE")
             assert self._consumer is not None
             await self._consumer.close()
@@ -403,7 +410,7 @@ class WorkerService:
             if outcome is None:
                 run.task = asyncio.create_task(self._execute(run))
             else:  # reported with the next turn, like any other that finished
-                self.slots.finish(Finished(run, outcome, now_utc()))
+                self._finish(run, outcome)
 
     def _hop(self, due: DueRecord, msg: Message) -> Hop:
         topic, partition, offset = position(msg)
@@ -477,7 +484,8 @@ class WorkerService:
         """The outcome of a run the runner settles on the spot (an inline synchronous
         handler, an unknown one); None when it must be awaited (`_execute`)."""
         try:
-            return self.runner.run_now(run.due, partial(self._progress, run), run.headers)
+            return self.runner.run_now(run.due, partial(self._progress, run), run.headers,
+                                       partial(self.logs.add, run))
         except Exception as exc:
             with attached(run.headers):  # the log line carries its trace_id
                 logger.exception("runner failed", extra={"action": "runner_failed",
@@ -490,14 +498,25 @@ class WorkerService:
             self._loop.call_soon_threadsafe(self._progress, run, percent, message)
 
         try:
-            outcome = await self.runner.run(run.due, progress, run.cancel, run.headers)
+            outcome = await self.runner.run(run.due, progress, run.cancel, run.headers,
+                                            partial(self.logs.add, run))
         except Exception as exc:
             with attached(run.headers):  # the log line carries its trace_id
                 logger.exception("runner failed", extra={"action": "runner_failed",
                                                          "execution_id": str(run.due.execution_id)})
             outcome = Outcome("FAILED", error=f"worker error: {exc}")
-        self.slots.finish(Finished(run, outcome, now_utc()))
+        self._finish(run, outcome)
         self._wake.set()
+
+    def _finish(self, run: Running, outcome: Outcome) -> None:
+        """Its handler returned (or was stopped): the slot is free, and its end, with the
+        last batch of its log, goes out with the next turn."""
+        done = Finished(run, outcome, now_utc())
+        note = None
+        if outcome.status != "COMPLETED" and outcome.traceback is None:
+            note = f"[{outcome.status}] {outcome.error}"  # killed, timed out, cancelled
+        done.log = self.logs.final(run, note, outcome.traceback)
+        self.slots.finish(done)
 
     def _progress(self, run: Running, percent: float, message: str | None) -> None:
         if run.due.execution_id not in self.slots:
@@ -539,10 +558,12 @@ class WorkerService:
         for run in self.slots:
             run.cancel.set("worker drained")
             records.extend(self.reporter.requeued(run, "worker drained"))
+            records.extend(self.logs.final(run, "[REQUEUED] the worker drained before it ended: "
+                                                "it runs again elsewhere"))
         if not await self._commit(records, []):
             # Not written: they stay RUNNING under this worker, which is about to go OFFLINE
             # (or silent); the monitor re-queues them.
-            log(logger, "drain_requeue_not_committed", logging.WARNING, executions=len(records) // 2)
+            log(logger, "drain_requeue_not_committed", logging.WARNING, executions=len(self.slots))
         tasks = [run.task for run in self.slots if run.task is not None]
         for task in tasks:
             task.cancel()  # the pool kills their processes

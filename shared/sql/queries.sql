@@ -21,6 +21,24 @@ CREATE TEMP TABLE IF NOT EXISTS staged_executions (
     reason text, idempotency_key text, job jsonb, approved_by text, rejected_by text,
     cancelled_by text, trace_id text, traceparent text
 ) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS staged_log_lines (
+    execution_id uuid, delivery int, seq int, job_id text, attempt_number int,
+    at timestamptz, stream text, level text, line text, worker_id text, trace_id text
+) ON COMMIT DELETE ROWS;
+
+-- name: insert_log_lines
+-- A batch whose straight COPY found lines projected already (services/monitor/store.py).
+INSERT INTO execution_logs (execution_id, delivery, seq, job_id, attempt_number, at, stream,
+                            level, line, worker_id, trace_id)
+SELECT execution_id, delivery, seq, job_id, attempt_number, at, stream, level, line,
+       worker_id, trace_id
+FROM staged_log_lines
+ON CONFLICT (execution_id, delivery, seq) DO NOTHING;
+
+-- name: insert_log_ends
+INSERT INTO execution_log_ends (execution_id, delivery, lines, ended_at)
+SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[])
+ON CONFLICT (execution_id, delivery) DO NOTHING;
 
 -- name: insert_events
 INSERT INTO execution_events (
@@ -389,6 +407,38 @@ SELECT event_id, status, attempt_number, delivery, occurred_at, worker_id, error
        progress, progress_message, kafka_partition, kafka_offset
 FROM execution_events WHERE execution_id = $1
 ORDER BY occurred_at, kafka_partition, kafka_offset;
+
+-- name: attempt_of
+-- The execution of attempt $2 in the run of execution $1 (same job, same run).
+SELECT other.execution_id
+FROM job_executions this
+JOIN job_executions other ON other.job_id = this.job_id AND other.run_id = this.run_id
+WHERE this.execution_id = $1 AND other.attempt_number = $2;
+
+-- name: log_lines
+-- An execution's log after the line ($2 delivery, $3 seq), in order: every delivery, each
+-- from its first line (a requeued execution's earlier deliveries come first).
+SELECT execution_id, delivery, seq, attempt_number, at, stream, level, line, worker_id, trace_id
+FROM execution_logs
+WHERE execution_id = $1 AND (delivery, seq) > ($2, $3)
+ORDER BY delivery, seq
+LIMIT $4;
+
+-- name: log_state
+-- Where an execution's log stands: its status and delivery, how many lines the latest
+-- delivery has, and whether that delivery's log ended (its last batch projected).
+SELECT je.status, je.delivery,
+       (SELECT count(*) FROM execution_logs l
+        WHERE l.execution_id = je.execution_id AND l.delivery = je.delivery) AS lines,
+       EXISTS (SELECT 1 FROM execution_log_ends e
+               WHERE e.execution_id = je.execution_id AND e.delivery = je.delivery) AS ended
+FROM job_executions je WHERE je.execution_id = $1;
+
+-- name: last_traceback
+-- The traceback of an execution's latest delivery that has one.
+SELECT line FROM execution_logs
+WHERE execution_id = $1 AND stream = 'traceback'
+ORDER BY delivery DESC, seq DESC LIMIT 1;
 
 -- name: run_executions
 -- Every execution of one run (its DAG steps and their attempts), in the order they began.

@@ -23,12 +23,21 @@ WITH doomed AS (
     DELETE FROM execution_events
     WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
     RETURNING 1
+), logs AS (
+    DELETE FROM execution_logs
+    WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
+    RETURNING 1
+), log_ends AS (
+    DELETE FROM execution_log_ends
+    WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
+    RETURNING 1
 ), executions AS (
     DELETE FROM job_executions
     WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM executions) AS executions, (SELECT count(*) FROM events) AS events;
+SELECT (SELECT count(*) FROM executions) AS executions, (SELECT count(*) FROM events) AS events,
+       (SELECT count(*) FROM logs) AS log_lines, (SELECT count(*) FROM log_ends) AS log_ends;
 
 -- name: prune_alerts
 -- Closed episodes and one-shot alerts raised before $1; an episode still FIRING stays.

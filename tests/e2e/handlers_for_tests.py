@@ -97,3 +97,55 @@ def traced(ctx: Context) -> dict[str, Any]:
         if ctx.attempt_number == 1:
             raise RuntimeError("first attempt fails on purpose")
     return {"trace_id": ctx.trace_id}
+
+
+@handler("test.chatty-fail")
+def chatty_fail(ctx: Context) -> None:
+    """Writes to every stream a handler has (print, stderr, a child process, C-level
+    writes, logging), then fails with a chained cause."""
+    import logging
+    import subprocess
+    import sys
+
+    print(f"processing {ctx.params.get('region', 'all regions')}")
+    print("progress: half", file=sys.stderr)
+    os.write(1, b"raw bytes \xff\xfe on fd 1\n")  # not UTF-8: kept as escapes
+    subprocess.run(["echo", "from a child process"], check=True)
+    logging.getLogger("tests.chatty").warning("retrying the lookup")
+    try:
+        {}["region"]
+    except KeyError as exc:
+        raise RuntimeError("lookup failed") from exc
+
+
+@handler("test.flood")
+def flood(ctx: Context) -> dict[str, int]:
+    """Writes params.megabytes of output as fast as it can (lines, and one huge line)."""
+    import sys
+
+    line = "x" * 1023 + "\n"
+    for _ in range(int(ctx.params.get("megabytes", 20)) * 1024):
+        sys.stdout.write(line)
+    sys.stdout.write("y" * (int(ctx.params.get("long_line", 0))) + "\n")
+    print("the end")
+    return {"written": True}
+
+
+@handler("test.print-lines")
+def print_lines(ctx: Context) -> int:
+    """Prints params.lines lines, params.every seconds apart (the time of each printed)."""
+    count, every = int(ctx.params.get("lines", 10)), float(ctx.params.get("every", 0))
+    for i in range(count):
+        print(f"line {i} at {time.time():.6f}")
+        if every:
+            time.sleep(every)
+    return count
+
+
+@handler("test.inline-print", inline=True)
+def inline_print(ctx: Context) -> str:
+    import logging
+
+    print(f"inline {ctx.execution_id}")
+    logging.getLogger("tests.inline").warning("inline warning %s", ctx.execution_id)
+    return "printed"

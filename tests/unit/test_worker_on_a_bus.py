@@ -39,11 +39,12 @@ class HeldRunner:
     async def close(self) -> None:
         return None
 
-    def run_now(self, due: JobDue, progress: Any, trace: Any = None) -> Outcome | None:
+    def run_now(self, due: JobDue, progress: Any, trace: Any = None, lines: Any = None
+                ) -> Outcome | None:
         return None  # every run is held: awaited
 
     async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
-                  trace: Any = None) -> Outcome:
+                  trace: Any = None, lines: Any = None) -> Outcome:
         self.started.append(due.execution_id)
         await self.release.wait()
         return Outcome("COMPLETED")

@@ -1,0 +1,342 @@
+"""What a handler writes while it runs — stdout, stderr, `logging` records — as its
+attempt's log lines (SPEC §11), and the traceback of an attempt that raised.
+
+In a pool process (child.py) the capture is complete: file descriptors 1 and 2 are pipes
+read by a thread of the process, so C extensions and the child processes a handler
+spawns are captured too; `logging` records reach a handler on the root logger. Each line
+goes to the run in progress, the one that started before it was read, under a lock that
+the end of a run also takes: the end reads what is left in the pipes, so whatever a
+handler wrote before it returned is its own, never the next run's.
+
+Inline handlers (inline.py) run on the worker's event loop, in the worker's own process:
+there the capture is as good as Python allows — `sys.stdout`, `sys.stderr` and `logging`,
+through a context variable set for the duration of the run (a task each, so two never
+mix); what C code writes to the descriptors goes to the worker's own output.
+
+Bounds, whatever is written (binary garbage, invalid UTF-8, 20 MB in a second, a line of
+10 MB): a line is cut at LINE_BYTES, an attempt keeps at most its limit
+(`CRONSTREAM_WORKER_LOG_LIMIT_BYTES`, 1 MiB), and what was cut is counted and said in
+the log's last line. Bytes that are not UTF-8 are kept as `\\xNN` escapes, NUL included
+(PostgreSQL text holds no NUL). A handler that writes nothing costs a lock and two reads
+that find nothing, per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import io
+import logging
+import os
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+LINE_BYTES = 16 * 1024
+TRACEBACK_BYTES = 64 * 1024
+# Lines read are handed on at least this often while a handler runs: the log is live.
+SHIP_SECONDS = 0.2
+
+# (time in epoch seconds, stream, level or None, text): one line of an attempt's log.
+Line = tuple[float, str, str | None, str]
+Sink = Callable[[list[Line]], None]
+
+
+def text_of(data: bytes) -> str:
+    """Bytes as text: UTF-8, anything else escaped (\\xNN), NUL too."""
+    return data.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+
+
+def clip(text: str, most: int) -> str:
+    """`text` cut to at most `most` bytes of UTF-8 (on a character boundary)."""
+    if len(text) * 4 <= most:  # a character is at most four bytes
+        return text
+    data = text.encode()
+    return text if len(data) <= most else data[:most].decode("utf-8", "ignore")
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback of `exc` with its chained causes, as Python prints it; a very long
+    one keeps its start and its end (where the error was raised)."""
+    text = "".join(traceback.format_exception(exc))
+    data = text.encode()
+    if len(data) <= TRACEBACK_BYTES:
+        return text
+    half = TRACEBACK_BYTES // 2
+    head, tail = data[:half].decode("utf-8", "ignore"), data[-half:].decode("utf-8", "ignore")
+    return f"{head}\n... [{len(data) - 2 * half} bytes of the traceback cut] ...\n{tail}"
+
+
+class RunLog:
+    """One attempt's log as it is written: the lines kept (up to `limit` bytes, each cut at
+    LINE_BYTES) until taken, and what was cut."""
+
+    __slots__ = ("_pending", "cut_bytes", "cut_lines", "kept", "limit", "shortened")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0  # bytes kept so far
+        self.cut_bytes = 0  # bytes not kept: past the limit, or the end of a long line
+        self.cut_lines = 0  # whole lines not kept (past the limit)
+        self.shortened = 0  # lines cut at LINE_BYTES
+        self._pending: list[Line] = []
+
+    def add(self, stream: str, level: str | None, text: str, at: float | None = None,
+            cut: int = 0) -> None:
+        """A line (`cut`: bytes of it already dropped before it got here)."""
+        size = len(text.encode()) if len(text) * 4 > LINE_BYTES or self.kept * 2 > self.limit \
+            else len(text)  # an upper bound is enough while far from both limits
+        if size > LINE_BYTES:
+            clipped = clip(text, LINE_BYTES)
+            cut += size - len(clipped.encode())
+            text, size = clipped, LINE_BYTES
+        if cut:
+            self.shortened += 1
+            self.cut_bytes += cut
+            text = f"{text} [line cut at {LINE_BYTES} bytes: {cut} more not kept]"
+        if self.kept + size > self.limit:
+            self.cut_bytes += size
+            self.cut_lines += 1
+            return
+        self.kept += size
+        self._pending.append((time.time() if at is None else at, stream, level, text))
+
+    def take(self) -> list[Line]:
+        lines, self._pending = self._pending, []
+        return lines
+
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def summary(self) -> Line | None:
+        """The line that says what was cut, if anything was."""
+        if not self.cut_lines and not self.shortened:
+            return None
+        parts = []
+        if self.cut_lines:
+            parts.append(f"{self.cut_lines} lines ({self.cut_bytes} bytes in all) not kept: "
+                         f"the log of an attempt is kept up to {self.limit} bytes, cut after "
+                         f"{self.kept}")
+        if self.shortened:
+            parts.append(f"{self.shortened} lines cut at {LINE_BYTES} bytes")
+        return time.time(), "cronstream", "WARNING", "[log cut] " + "; ".join(parts)
+
+
+class LineSplitter:
+    """Bytes of one stream as lines: a line longer than LINE_BYTES is kept cut, the rest
+    of it counted until its end arrives."""
+
+    __slots__ = ("_overflow", "_partial", "stream")
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self._partial = b""
+        self._overflow = 0
+
+    def feed(self, data: bytes, log: RunLog | None) -> None:
+        *complete, rest = (self._partial + data).split(b"\n")
+        for raw in complete:
+            if log is not None:
+                log.add(self.stream, None, text_of(raw.rstrip(b"\r")), cut=self._overflow)
+            self._overflow = 0
+        if len(rest) > LINE_BYTES:
+            self._overflow += len(rest) - LINE_BYTES
+            rest = rest[:LINE_BYTES]
+        self._partial = rest
+
+    def end(self, log: RunLog | None) -> None:
+        """The run ends: what is left of a line without its newline is a line too."""
+        if (self._partial or self._overflow) and log is not None:
+            log.add(self.stream, None, text_of(self._partial), cut=self._overflow)
+        self._partial, self._overflow = b"", 0
+
+
+class LineHandler(logging.Handler):
+    """`logging` records as log lines of the run in progress (`current` tells which),
+    added under `guard` when given (a pool process's capture lock)."""
+
+    def __init__(self, current: Callable[[], RunLog | None],
+                 guard: threading.Lock | None = None) -> None:
+        super().__init__(logging.NOTSET)
+        self.current = current
+        self.guard = guard or contextlib.nullcontext()
+        self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.current() is None:
+            return
+        try:
+            text = self.format(record)
+        except Exception:
+            text = f"{record.name}: (unformattable log record: {record.msg!r})"
+        with self.guard:
+            log = self.current()
+            if log is not None:
+                log.add("log", record.levelname, text, record.created)
+
+
+# -- in a pool process -------------------------------------------------------------------
+
+
+class ProcessCapture:
+    """A pool process's stdout and stderr (its descriptors) and its `logging`: every line
+    goes to the run in progress (`begin` ... `end`), and is handed to `ship` at least every
+    SHIP_SECONDS while it runs."""
+
+    def __init__(self, ship: Sink) -> None:
+        self.ship = ship
+        self.lock = threading.Lock()
+        self.log: RunLog | None = None
+        self._readers: dict[int, LineSplitter] = {}
+        # Where what is written between two runs goes: the process's own stdout and stderr
+        # (the worker's), as before the capture.
+        self._outside: dict[int, int] = {}
+        self._shipped = time.monotonic()
+        for fd, name, stream in ((1, "stdout", sys.stdout), (2, "stderr", sys.stderr)):
+            read_end, write_end = os.pipe()
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.flush()
+            self._outside[read_end] = os.dup(fd)
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            self._readers[read_end] = LineSplitter(name)
+        # Line-buffered: a print is in the pipe when it returns (live, and never lost to a
+        # buffer when the run ends or the process is killed).
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        root = logging.getLogger()
+        root.addHandler(LineHandler(lambda: self.log, self.lock))
+        if root.level > logging.INFO or root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)  # a handler's logger.info is part of its log
+        threading.Thread(target=self._read_forever, daemon=True, name="log-capture").start()
+
+    def begin(self, log: RunLog) -> None:
+        with self.lock:
+            self.log = log
+            self._shipped = time.monotonic()
+
+    def end(self) -> list[Line]:
+        """The run returned: the rest of what it wrote, read now (its last lines)."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.flush()
+        with self.lock:
+            log, self.log = self.log, None
+            for fd, splitter in self._readers.items():
+                self._read(fd, splitter, log)
+                splitter.end(log)
+        return log.take() if log is not None else []
+
+    def _read(self, fd: int, splitter: LineSplitter, log: RunLog | None) -> None:
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            if log is None:
+                with contextlib.suppress(OSError):
+                    os.write(self._outside[fd], data)
+            else:
+                splitter.feed(data, log)
+
+    def _read_forever(self) -> None:
+        fds = list(self._readers)
+        while True:
+            readable, _, _ = select.select(fds, [], [], SHIP_SECONDS)
+            with self.lock:
+                for fd in readable:
+                    self._read(fd, self._readers[fd], self.log)
+                log = self.log
+                if log is None or not log.pending():
+                    continue
+                if time.monotonic() - self._shipped < SHIP_SECONDS:
+                    continue
+                self._shipped = time.monotonic()
+                lines = log.take()
+            self.ship(lines)
+
+
+# -- inline, in the worker's process ---------------------------------------------------------
+
+_CURRENT: contextvars.ContextVar[RunLog | None] = contextvars.ContextVar("cronstream_run_log",
+                                                                          default=None)
+
+
+class _Stream(io.TextIOBase):
+    """sys.stdout or sys.stderr of the worker: the run's log inside an inline run, the real
+    stream everywhere else."""
+
+    def __init__(self, name: str, real: TextIO) -> None:
+        self.name_ = name
+        self.real = real
+        self._partial: dict[int, str] = {}
+
+    def write(self, text: str) -> int:
+        log = _CURRENT.get()
+        if log is None:
+            return self.real.write(text)
+        key = id(log)
+        *complete, rest = (self._partial.pop(key, "") + text).split("\n")
+        for line in complete:
+            log.add(self.name_, None, line)
+        if rest:
+            self._partial[key] = rest
+        return len(text)
+
+    def flush(self) -> None:
+        log = _CURRENT.get()
+        if log is None:
+            self.real.flush()
+            return
+        rest = self._partial.pop(id(log), "")
+        if rest:
+            log.add(self.name_, None, rest)
+
+    def unfinished(self) -> bool:
+        return bool(self._partial)
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.real.encoding
+
+    def isatty(self) -> bool:
+        return self.real.isatty()
+
+
+def install_inline_capture() -> None:
+    """Route sys.stdout, sys.stderr and `logging` to the inline run in progress (where
+    they are not routed already)."""
+    if not isinstance(sys.stdout, _Stream):
+        sys.stdout = _Stream("stdout", sys.stdout)
+    if not isinstance(sys.stderr, _Stream):
+        sys.stderr = _Stream("stderr", sys.stderr)
+    root = logging.getLogger()
+    if not any(isinstance(h, LineHandler) and h.current == _CURRENT.get for h in root.handlers):
+        root.addHandler(LineHandler(_CURRENT.get))
+
+
+@contextlib.contextmanager
+def inline_run(log: RunLog | None) -> Iterator[None]:
+    """Inside: what this context writes is `log`'s (None: not captured)."""
+    if log is None:
+        yield
+        return
+    token = _CURRENT.set(log)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _Stream) and stream.unfinished():
+                stream.flush()  # a last line without its newline is a line too
+        _CURRENT.reset(token)

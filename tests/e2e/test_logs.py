@@ -1,0 +1,128 @@
+"""Execution logs end to end, on the real broker and database: what a failing handler
+wrote and its traceback come back from `cronstream logs` and `describe execution`; `logs
+-f` shows a running execution's lines before it ends and ends with it; a flood is cut at
+the limit while everything else carries on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from cronstream.shared.settings import Settings
+from tests.conftest import Processes
+from tests.support import cli, env_for, eventually, run_now, sql
+
+
+def execution(settings: Settings, job_id: str, status: str | None = None, attempt: int = 1) -> Any:
+    rows = sql(settings.database_url, "SELECT * FROM job_executions WHERE job_id = $1 "
+               "AND attempt_number = $2 AND ($3::text IS NULL OR status = $3)", job_id, attempt,
+               status)
+    return rows[0] if rows else None
+
+
+def log_ended(settings: Settings, execution_id: Any) -> bool:
+    return bool(sql(settings.database_url, "SELECT 1 FROM execution_log_ends WHERE execution_id = $1",
+                    execution_id))
+
+
+def test_a_failed_run_keeps_what_it_wrote_and_its_traceback(
+    processes: Processes, topics: Settings,
+) -> None:
+    processes.system()
+    run_now(topics, "chatty", "test.chatty-fail", params={"region": "eu"}, max_retries=1,
+            retry_delay_seconds=1)
+    first = eventually(lambda: execution(topics, "chatty", "FAILED"), 40, message="attempt 1 FAILED")
+    eventually(lambda: log_ended(topics, first["execution_id"]), 20, message="its log ended")
+
+    out = cli(topics, "logs", str(first["execution_id"]))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for expected in ("processing eu\n", "progress: half\n", "raw bytes \\xff\\xfe on fd 1\n",
+                     "from a child process\n", "tests.chatty: retrying the lookup\n"):
+        assert expected in text
+    # The traceback comes last, chained cause included, naming the handler's file.
+    traceback = text[text.index("Traceback (most recent call last):"):]
+    assert "handlers_for_tests.py" in traceback and "KeyError: 'region'" in traceback
+    assert traceback.rstrip().endswith("RuntimeError: lookup failed")
+
+    lines = [json.loads(line) for line in cli(topics, "logs", str(first["execution_id"]),
+                                              "-o", "json").stdout.splitlines()]
+    assert {(line["stream"], line["level"]) for line in lines} >= {
+        ("stdout", None), ("stderr", None), ("log", "WARNING"), ("traceback", "ERROR")}
+    assert all(line["attempt"] == 1 and line["at"].endswith("Z") for line in lines)
+    assert [line["seq"] for line in lines] == list(range(len(lines)))
+    assert len({line["trace_id"] for line in lines}) == 1  # the execution's trace
+
+    described = cli(topics, "describe", "execution", str(first["execution_id"])).stdout
+    assert "Traceback:" in described and "RuntimeError: lookup failed" in described
+
+    # The retry has its own log, reached from the first attempt's id.
+    second = eventually(lambda: execution(topics, "chatty", "PERMANENTLY_FAILED", attempt=2), 40,
+                        message="attempt 2 PERMANENTLY_FAILED")
+    eventually(lambda: log_ended(topics, second["execution_id"]), 20)
+    retried = [json.loads(line) for line in cli(topics, "logs", str(first["execution_id"]),
+                                                "--attempt", "2", "-o", "json").stdout.splitlines()]
+    assert retried and all(line["attempt"] == 2 for line in retried)
+    missing = cli(topics, "logs", str(first["execution_id"]), "--attempt", "3")
+    assert missing.returncode == 4 and "attempt 3" in missing.stderr
+
+
+def test_logs_follow_shows_a_running_execution_and_ends_with_it(
+    processes: Processes, topics: Settings,
+) -> None:
+    processes.system()
+    run_now(topics, "printer", "test.print-lines", params={"lines": 8, "every": 0.5})
+    running = eventually(lambda: execution(topics, "printer", "RUNNING"), 40, message="RUNNING")
+    seen: list[tuple[float, str, str]] = []  # (when, line, the execution's status then)
+    with subprocess.Popen(
+            [sys.executable, "-m", "cronstream", "logs", "-f", str(running["execution_id"])],
+            env=env_for(topics), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follow:
+
+        def read() -> None:
+            assert follow.stdout is not None
+            for line in follow.stdout:
+                row = execution(topics, "printer")
+                seen.append((time.time(), line.rstrip("\n"), row["status"] if row else "-"))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            assert follow.wait(40) == 0, follow.stderr.read() if follow.stderr else ""
+        finally:
+            follow.kill()
+        reader.join(5)
+    assert [line.split(" at ")[0] for _, line, _ in seen] == [f"line {i}" for i in range(8)]
+    assert seen[0][2] == "RUNNING", "the first line was shown while the execution still ran"
+    done = execution(topics, "printer", "COMPLETED")
+    assert done is not None, "-f ended when the execution ended"
+
+
+def test_a_flood_is_cut_at_the_limit_while_the_rest_carries_on(
+    processes: Processes, topics: Settings,
+) -> None:
+    processes.system(worker_args=("--concurrency", "4"))
+    run_now(topics, "steady-before", "noop")
+    eventually(lambda: execution(topics, "steady-before", "COMPLETED"), 40)
+    run_now(topics, "flood", "test.flood", params={"megabytes": 20, "long_line": 10_000_000})
+    started = eventually(lambda: execution(topics, "flood", "RUNNING") or execution(topics, "flood"),
+                         40, message="the flood started")
+    # Other executions run and are projected while it floods.
+    for i in range(3):
+        run_now(topics, f"steady-{i}", "test.print-lines", params={"lines": 2})
+    for i in range(3):
+        row = eventually(lambda i=i: execution(topics, f"steady-{i}", "COMPLETED"), 60,
+                         message=f"steady-{i} COMPLETED")
+        eventually(lambda row=row: log_ended(topics, row["execution_id"]), 20)
+        assert [line.split(" at ")[0] for line in
+                cli(topics, "logs", str(row["execution_id"])).stdout.splitlines()] == ["line 0", "line 1"]
+    flood = eventually(lambda: execution(topics, "flood", "COMPLETED"), 60, message="the flood ends")
+    eventually(lambda: log_ended(topics, flood["execution_id"]), 20)
+    kept = sql(topics.database_url, "SELECT stream, line FROM execution_logs WHERE execution_id = $1 "
+               "ORDER BY delivery, seq", started["execution_id"])
+    stdout_bytes = sum(len(r["line"].encode()) for r in kept if r["stream"] == "stdout")
+    assert 1_000_000 <= stdout_bytes <= 1 << 20
+    assert kept[-1]["stream"] == "cronstream" and "[log cut]" in kept[-1]["line"]
