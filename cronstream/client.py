@@ -59,8 +59,9 @@ from cronstream.shared.records import (
     JobDue,
     JobSnapshot,
 )
+from cronstream.shared.redaction import redact_url
 from cronstream.shared.schedule import to_millis
-from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import new_headers
 
 __all__ = [

@@ -14,18 +14,15 @@ import os
 import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from cronstream.shared.records import QueueName
+from cronstream.shared.redaction import MASK, is_secret_name, redact_url
 from cronstream.shared.topics import Topics
 
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
-# A librdkafka property whose name contains one of these is never shown (sasl.password,
-# ssl.key.pem, sasl.oauthbearer.config, sasl.oauthbearer.client.secret, ...).
-_SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer", "jaas", "credential", "pem")
 
 
 # Default HTTP ports, distinct so that `cronstream dev` runs every service side by side.
@@ -172,25 +169,10 @@ class Settings(BaseModel):
         data = self.model_dump()
         data["database_url"] = redact_url(self.database_url)
         for secret in ("ui_token", "ui_session_key"):
-            data[secret] = None if data[secret] is None else "***"
-        data["kafka_config"] = {
-            k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
-            for k, v in self.kafka_config.items()
-        }
+            data[secret] = None if data[secret] is None else MASK
+        # A librdkafka property named for a secret is never shown (sasl.password,
+        # ssl.key.pem, sasl.oauthbearer.config, sasl.oauthbearer.client.secret, ...).
+        data["kafka_config"] = {k: (MASK if is_secret_name(k) else v)
+                                for k, v in self.kafka_config.items()}
         return data
 
-
-def redact_url(url: str) -> str:
-    """The URL with its password hidden, in the userinfo and in the query string
-    (`?password=`, `sslpassword=`, `sslkey=`... libpq accepts them there too)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        query = "&".join(
-            f"{k}=***" if any(w in k.lower() for w in ("pass", "key", "secret", "token")) else f"{k}={v}"
-            for k, _, v in (item.partition("=") for item in parts.query.split("&") if item))
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    except ValueError:
-        return "***"  # not even a URL: show nothing of it

@@ -15,7 +15,7 @@ import asyncpg
 
 from cronstream.shared.db import query
 from cronstream.shared.logs import log
-from cronstream.shared.settings import redact_url
+from cronstream.shared.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 
