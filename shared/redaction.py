@@ -79,7 +79,7 @@ def _redact_uri(uri: str) -> str:
 def _redact_query(query: str) -> str:
     items = []
     for item in query.split("&"):
-        name, equals, value = item.partition("=")
+        name, equals, _value = item.partition("=")
         try:
             decoded = unquote_plus(name, errors="strict")
         except UnicodeDecodeError:
