@@ -167,7 +167,7 @@ class Settings(BaseModel):
     def _executables(cls, value: list[str]) -> list[str]:
         executables = [e.strip() for e in value if e.strip()]
         for executable in executables:
-            if executable == "*" or any(c.isspace() for c in executable):
+            if executable == "*" or executable.startswith("-") or any(c.isspace() for c in executable):
                 raise ValueError(f"{executable!r}: name each executable the shell handler may "
                                  "run (a path or a name on the worker's PATH), not a pattern")
         return executables
