@@ -14,6 +14,7 @@ from cronstream.cli import (
     infra_cmds,
     inspect_cmds,
     job_cmds,
+    kafka_acls_cmd,
     prune_cmd,
     service_cmds,
     ui_cmd,
@@ -74,7 +75,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, completion_cmd, dev_cmd,
-               ui_cmd, prune_cmd):
+               ui_cmd, prune_cmd, kafka_acls_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 
