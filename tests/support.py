@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -148,6 +149,13 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def as_role(url: str, role: str) -> str:
+    """A database URL as `role` instead of its user (the test server trusts local
+    connections: the PostgreSQL roles of least privilege are reached by name)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rsplit('@', 1)[-1]}"))
 
 
 def start_ui(processes: Any, name: str, **env: str) -> str:

@@ -25,7 +25,7 @@ from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_clo
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
-    "jobs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
+    "jobs", "kafka-acls", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
@@ -53,7 +52,7 @@ from tests.deploy.manifests import (
     render,
     workloads,
 )
-from tests.support import eventually, run_now, sql
+from tests.support import as_role, eventually, run_now, sql
 
 STARTUP_TIMEOUT = 120.0
 # Like the kubelet (restartPolicy Always), a service container that exits is started again
@@ -240,12 +239,6 @@ def service_port(cluster: Cluster, pods: dict[str, Pod], name: str) -> tuple[Pod
         p.container.workload.pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())]
     (port,) = service["spec"]["ports"]
     return pod, pod.ports[pod.container.port_number(port["targetPort"])]
-
-
-def as_role(url: str, role: str) -> str:
-    """The database URL as `role` (the test's server trusts local connections)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rsplit('@', 1)[-1]}"))
 
 
 def make_roles(database_url: str, tmp: Path) -> None:

@@ -15,24 +15,17 @@ import asyncio
 import base64
 import subprocess
 import sys
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from cronstream.shared.db_roles import scram_verifier
 from cronstream.shared.settings import Settings
-from tests.support import env_for, sql
+from tests.support import as_role, env_for, sql
 
 PASSWORDS = {"CRONSTREAM_DB_OWNER_PASSWORD": "owner-pw-0123456789",
              "CRONSTREAM_DB_WRITER_PASSWORD": "writer-pw-0123456789",
              "CRONSTREAM_DB_READER_PASSWORD": "reader-pw-0123456789"}
-
-
-def as_role(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
 
 
 def init(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -30,8 +30,7 @@ from cronstream.shared.acls import FOOTPRINTS, PRINCIPALS
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.security.sasl_broker import SaslBroker
-from tests.security.test_database_roles import as_role
-from tests.support import ServiceProcess, env_for, eventually, sql
+from tests.support import ServiceProcess, as_role, env_for, eventually, sql
 
 # The broker is detached on purpose (cronstream.infra.process.spawn drops its Popen while
 # it runs); the fixture stops it.
