@@ -14,41 +14,21 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, sync_playwright
 
 from cronstream.shared.settings import Settings
 from cronstream.ui.hosts import AllowedHosts, host_name
 from cronstream.ui.throttle import LIMIT
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.conftest import CI, Processes
+from tests.browser.conftest import chromium
+from tests.conftest import Processes
 from tests.support import csrf_of, env_for, sql, start_ui
 
 TOKEN = "dashboard-token-0123456789"
 OTHER_TOKEN = "rotated-token-9876543210"
 SESSION_KEY = "shared-session-key-of-the-replicas"
-
-
-@contextmanager
-def chromium(*args: str) -> Iterator[Browser]:
-    import os
-
-    if not os.path.exists(CHROMIUM):
-        message = f"{CHROMIUM} is missing (apt-get install chromium; `make test` does it)"
-        if CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args])
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def seed_job(settings: Settings, job_id: str) -> uuid.UUID:
