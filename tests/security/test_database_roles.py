@@ -21,6 +21,7 @@ import pytest
 
 from cronstream.shared.db_roles import scram_verifier
 from cronstream.shared.settings import Settings
+from cronstream.ui.store import Store
 from tests.support import as_role, env_for, sql
 
 PASSWORDS = {"CRONSTREAM_DB_OWNER_PASSWORD": "owner-pw-0123456789",
@@ -105,3 +106,17 @@ def test_a_role_password_that_is_not_printable_ascii_is_refused(database_url: st
     refusal = init(database_url, "--roles", CRONSTREAM_DB_READER_PASSWORD="pässwörd-0123456789")
     assert refusal.returncode == 2 and "printable ASCII" in refusal.stderr
     assert "pässwörd" not in refusal.stderr
+
+
+def test_the_dashboards_pool_is_read_only_whatever_role_it_is_given(database_url: str) -> None:
+    """Even given a superuser's URL (an old single-URL install), the dashboard cannot write."""
+    async def attempt() -> None:
+        store = Store(database_url)
+        try:
+            pool = await store.pool()
+            with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+                await pool.execute("DELETE FROM job_executions")
+        finally:
+            await store.close()
+
+    asyncio.run(attempt())
