@@ -14,10 +14,18 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from cronstream.shared.records import QueueName
 from cronstream.shared.redaction import MASK, is_secret_name, redact_url
@@ -43,6 +51,32 @@ SERVICE_PORTS: dict[str, int] = {
     "analytics": 9185,
     "ui": 8180,
 }
+
+
+def _host(host: str) -> str:
+    host = host.lower().rstrip(".")
+    if host != "*" and not _HOSTNAME.match(host):
+        raise ValueError(f"{host!r} is not a host name or an IP address (no port, no scheme)")
+    return host
+
+
+def _network(network: str) -> str:
+    try:
+        ipaddress.ip_network(network, strict=False)
+    except ValueError:
+        raise ValueError(f"{network!r} is not an IP address or a CIDR network") from None
+    return network
+
+
+def _executable(executable: str) -> str:
+    if executable == "*" or executable.startswith("-") or any(c.isspace() for c in executable):
+        raise ValueError(f"{executable!r}: name each executable the shell handler may run (a path "
+                         "or a name on the worker's PATH), not a pattern")
+    return executable
+
+
+_ITEM_RULES: dict[str, Callable[[str], str]] = {
+    "ui_allowed_hosts": _host, "ui_trusted_proxies": _network, "worker_allow_shell": _executable}
 
 
 def default_worker_id() -> str:
@@ -142,35 +176,12 @@ class Settings(BaseModel):
                              "anyone who reaches the dashboard may guess (`openssl rand -hex 24`)")
         return value
 
-    @field_validator("ui_allowed_hosts")
+    @field_validator("ui_allowed_hosts", "ui_trusted_proxies", "worker_allow_shell")
     @classmethod
-    def _hosts(cls, value: list[str]) -> list[str]:
-        hosts = [h.strip().lower().rstrip(".") for h in value if h.strip()]
-        for host in hosts:
-            if host != "*" and not _HOSTNAME.match(host):
-                raise ValueError(f"{host!r} is not a host name or an IP address (no port, no scheme)")
-        return hosts
-
-    @field_validator("ui_trusted_proxies")
-    @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
-        networks = [n.strip() for n in value if n.strip()]
-        for network in networks:
-            try:
-                ipaddress.ip_network(network, strict=False)
-            except ValueError:
-                raise ValueError(f"{network!r} is not an IP address or a CIDR network") from None
-        return networks
-
-    @field_validator("worker_allow_shell")
-    @classmethod
-    def _executables(cls, value: list[str]) -> list[str]:
-        executables = [e.strip() for e in value if e.strip()]
-        for executable in executables:
-            if executable == "*" or executable.startswith("-") or any(c.isspace() for c in executable):
-                raise ValueError(f"{executable!r}: name each executable the shell handler may "
-                                 "run (a path or a name on the worker's PATH), not a pattern")
-        return executables
+    def _items(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """Each item of a comma-separated list, stripped, checked (and normalised) by its own rule."""
+        check = _ITEM_RULES[info.field_name or ""]
+        return [check(item.strip()) for item in value if item.strip()]
 
     @field_validator("log_level")
     @classmethod
