@@ -48,11 +48,11 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser, short chaos) against real Kafka and PostgreSQL
+test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser, security, short chaos) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
-	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q || status=$$?; fi; \
+	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser tests/security -q || status=$$?; fi; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); \
 	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory chaos-short || status=$$?; fi; \
 	exit $$status
@@ -60,8 +60,8 @@ test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2
 test-unit: install ## Unit tests only (no servers)
 	$(BIN)/pytest tests/unit -q
 
-test-integration: install chromium $(BIN)/promtool ## Integration, e2e, deploy and browser tests (servers must be up: make infra-up)
-	$(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser -q
+test-integration: install chromium $(BIN)/promtool ## Integration, e2e, deploy, browser and security tests (servers must be up: make infra-up)
+	$(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser tests/security -q
 
 test-image: install ## Build the container image with buildah and run the end-to-end test from it (root)
 	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || \

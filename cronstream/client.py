@@ -52,7 +52,15 @@ from cronstream.executions import Execution, LogEntry
 from cronstream.shared.codec import MAX_RECORD_BYTES
 from cronstream.shared.db import query
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
-from cronstream.shared.kafka import ConsumerThread, OutRecord, producer_config, read_to_end, reader_config
+from cronstream.shared.kafka import (
+    NOT_AUTHORIZED_HINT,
+    ConsumerThread,
+    OutRecord,
+    not_authorized,
+    producer_config,
+    read_to_end,
+    reader_config,
+)
 from cronstream.shared.records import (
     Command,
     CommandKind,
@@ -60,8 +68,9 @@ from cronstream.shared.records import (
     JobDue,
     JobSnapshot,
 )
+from cronstream.shared.redaction import redact_url
 from cronstream.shared.schedule import to_millis
-from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
 
@@ -405,6 +414,10 @@ class AsyncClient:
                 raise UnavailableError(f"cannot reach Kafka at {self.settings.kafka_bootstrap_servers}"
                                        f": {_reason(exc)}") from None
             found = metadata.topics.get(topic)
+            if found is not None and not_authorized(found.error):
+                raise CronstreamError(f"not authorized to use topic {topic} on "
+                                      f"{self.settings.kafka_bootstrap_servers} as this principal: "
+                                      f"{NOT_AUTHORIZED_HINT}")
             if found is None or found.error is not None:
                 raise CronstreamError(f"topic {topic} does not exist on "
                                       f"{self.settings.kafka_bootstrap_servers}: run `cronstream init`")

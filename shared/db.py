@@ -3,7 +3,8 @@
 SQL lives in `.sql` files, never in Python strings. `queries.sql` holds named blocks
 (`-- name: x`); `sql/migrations/NNNN_name.sql` are applied in order by `cronstream init`,
 each once, in its own transaction, under an advisory lock so that concurrent `init`s
-are safe.
+are safe; then the roles of least privilege are granted what every table needs
+(migration 0008, `db_roles.py`).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
                 await conn.execute(migration.sql)
                 await conn.execute(query("record_migration"), migration.version, migration.name)
             applied.append(f"{migration.version:04d}_{migration.name}")
+        await conn.execute(query("grant_roles"))
     finally:
         await conn.execute(query("unlock_migrations"), _LOCK_KEY)
     return applied

@@ -240,6 +240,24 @@ def record_time_ms(msg: Message) -> int:
     return ts if kind and ts > 0 else time.time_ns() // 1_000_000
 
 
+# The cluster refused this principal (its authorizer, or the credentials themselves):
+# nothing a retry changes. The service stops with the reason, and a supervisor's restarts
+# show it, rather than waiting for an ACL forever (docs/deploy.md, per-service principals).
+NOT_AUTHORIZED = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION})
+NOT_AUTHORIZED_HINT = "this principal lacks an ACL: `cronstream kafka-acls` lists what each part needs"
+
+
+class NotAuthorized(Exception):
+    """Kafka refused this principal something it needs (`NOT_AUTHORIZED`)."""
+
+
+def not_authorized(err: KafkaError | None) -> bool:
+    return err is not None and err.code() in NOT_AUTHORIZED
+
+
 def consumer_error_is_fatal(err: KafkaError) -> bool:
     """Whether the consumer is dead after `err`. A fatal error reaches the application as
     an error event coded _FATAL, without the fatal flag (a static member fenced by another
@@ -250,6 +268,10 @@ def consumer_error_is_fatal(err: KafkaError) -> bool:
 def log_consumer_error(consumer: str, err: KafkaError) -> None:
     if err.code() == KafkaError._PARTITION_EOF:
         return
+    if not_authorized(err):
+        log(logger, "kafka_not_authorized", logging.ERROR, consumer=consumer, error=err.str(),
+            code=err.name(), hint=NOT_AUTHORIZED_HINT)
+        raise NotAuthorized(f"{consumer}: {err.str()} ({err.name()}): {NOT_AUTHORIZED_HINT}")
     fatal = consumer_error_is_fatal(err)
     log(logger, "consumer_error", logging.ERROR if fatal else logging.WARNING, consumer=consumer,
         error=err.str(), code=err.name())

@@ -258,6 +258,24 @@ ANALYTICS_LATE = Gauge(
 )
 ANALYTICS_JOBS = Gauge("cronstream_analytics_jobs", "Jobs the analytics service watches.", registry=None)
 
+# The dashboard (cronstream/ui): its live streams and the tokens it refused.
+UI_LIVE_STREAMS = Gauge("cronstream_ui_live_streams", "Live Runs streams open.", registry=None)
+UI_LIVE_RENDERS = Counter(
+    "cronstream_ui_live_renders_total",
+    "Reads of the live Runs view, each shared by every stream open at the time.",
+    registry=None,
+)
+UI_LIVE_REFUSED = Counter(
+    "cronstream_ui_live_streams_refused_total",
+    "Live streams refused with 503 by the per-process or per-client cap.",
+    registry=None,
+)
+UI_TOKEN_FAILURES = Counter(
+    "cronstream_ui_token_failures_total",
+    "Wrong or throttled tokens (login, bearer, scrape token).",
+    registry=None,
+)
+
 
 def version() -> str:
     try:
@@ -314,6 +332,7 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         ANALYTICS_LATE,
         ANALYTICS_JOBS,
     ),
+    "ui": (UI_LIVE_STREAMS, UI_LIVE_RENDERS, UI_LIVE_REFUSED, UI_TOKEN_FAILURES),
 }
 _announced: set[int] = set()
 _process = {"service": "cronstream"}

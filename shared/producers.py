@@ -29,7 +29,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cronstream.shared import metrics
-from cronstream.shared.kafka import OutRecord, kafka_error
+from cronstream.shared.kafka import NOT_AUTHORIZED_HINT, NotAuthorized, OutRecord, kafka_error, not_authorized
 from cronstream.shared.lanes import CallTimedOut, Lane
 from cronstream.shared.logs import log
 
@@ -147,10 +147,15 @@ class _Blocking:
                 transactional_id=self.transactional_id, error=str(exc))
 
     @staticmethod
-    def _raise_fatal(exc: KafkaException) -> None:
+    def _raise_fatal(exc: KafkaException, what: str | None = None) -> None:
         err = kafka_error(exc)
-        if err is not None and err.fatal():
-            raise ProducerFenced(err.str()) from exc
+        if err is None:
+            return
+        said = f"{what}: {err.str()}" if what else err.str()
+        if not_authorized(err):
+            raise NotAuthorized(f"{said} ({err.name()}): {NOT_AUTHORIZED_HINT}") from exc
+        if err.fatal():
+            raise ProducerFenced(said) from exc
 
     def _retry(self, call: Callable[[], object], what: str, attempts: int = 5) -> None:
         for attempt in range(1, attempts + 1):
@@ -159,8 +164,7 @@ class _Blocking:
                 return
             except KafkaException as exc:
                 err = kafka_error(exc)
-                if err is not None and err.fatal():
-                    raise ProducerFenced(f"{what}: {err.str()}") from exc
+                self._raise_fatal(exc, what)
                 if err is not None and err.retriable() and attempt < attempts:
                     time.sleep(0.05 * attempt)
                     continue

@@ -10,22 +10,36 @@ or as `--kafka-config key=value` on the command line. Secrets never appear in lo
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from cronstream.shared.records import QueueName
+from cronstream.shared.redaction import MASK, is_secret_name, redact_url
 from cronstream.shared.topics import Topics
 
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
-# A librdkafka property whose name contains one of these is never shown (sasl.password,
-# ssl.key.pem, sasl.oauthbearer.config, sasl.oauthbearer.client.secret, ...).
-_SECRET_WORDS = ("password", "secret", "token", "key", "oauthbearer", "jaas", "credential", "pem")
+# Settings written as comma-separated lists in the environment.
+_LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
+                            "ui_trusted_proxies"})
+# The dashboard's tokens: shorter ones are refused at start.
+MIN_TOKEN_LENGTH = 16
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$|^[0-9a-f:.]+$")
 
 
 # Default HTTP ports, distinct so that `cronstream dev` runs every service side by side.
@@ -37,6 +51,32 @@ SERVICE_PORTS: dict[str, int] = {
     "analytics": 9185,
     "ui": 8180,
 }
+
+
+def _host(host: str) -> str:
+    host = host.lower().rstrip(".")
+    if host != "*" and not _HOSTNAME.match(host):
+        raise ValueError(f"{host!r} is not a host name or an IP address (no port, no scheme)")
+    return host
+
+
+def _network(network: str) -> str:
+    try:
+        ipaddress.ip_network(network, strict=False)
+    except ValueError:
+        raise ValueError(f"{network!r} is not an IP address or a CIDR network") from None
+    return network
+
+
+def _executable(executable: str) -> str:
+    if executable == "*" or executable.startswith("-") or any(c.isspace() for c in executable):
+        raise ValueError(f"{executable!r}: name each executable the shell handler may run (a path "
+                         "or a name on the worker's PATH), not a pattern")
+    return executable
+
+
+_ITEM_RULES: dict[str, Callable[[str], str]] = {
+    "ui_allowed_hosts": _host, "ui_trusted_proxies": _network, "worker_allow_shell": _executable}
 
 
 def default_worker_id() -> str:
@@ -73,6 +113,9 @@ class Settings(BaseModel):
     # worker ships at most this many bytes of logs a second (services/worker/capture.py, logs.py).
     worker_log_limit_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20
     worker_log_rate_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 4 << 20
+    # The executables the built-in `shell` handler may run (`--allow-shell`); empty: the
+    # handler is not registered (services/worker/builtins.py).
+    worker_allow_shell: list[str] = Field(default_factory=list)
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
     # The leader commits the fires of ALLOW jobs up to this long before they are due, and
     # the workers start them at their scheduled_at, never before: the hops in between no
@@ -97,6 +140,18 @@ class Settings(BaseModel):
     ui_identity_header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")] | None = None
     ui_protect_reads: bool = False
     ui_session_key: SecretStr | None = None
+    # Least privilege for the dashboard (docs/decisions/0041). Hosts it answers besides
+    # loopback names, its bind address and its own IP address ("*": any; DNS rebinding);
+    # token logins in identity-header mode (None: on only without a header); proxies whose
+    # X-Forwarded-Proto / -For it believes (IPs or CIDRs: Secure cookies and HSTS behind
+    # TLS, the client address for throttling and stream caps); a token for /metrics alone;
+    # live streams per process and per client address.
+    ui_allowed_hosts: list[str] = Field(default_factory=list)
+    ui_token_login: bool | None = None
+    ui_trusted_proxies: list[str] = Field(default_factory=list)
+    ui_metrics_token: SecretStr | None = None
+    ui_live_streams: Annotated[int, Field(ge=1, le=100_000)] = 500
+    ui_live_streams_per_client: Annotated[int, Field(ge=1, le=100_000)] = 8
     # Retention (services/monitor/retention.py): the monitor deletes executions, their
     # events, resolved alerts and DAG evaluations older than this, every
     # retention_interval_seconds, retention_batch rows per transaction. 0 keeps everything.
@@ -116,6 +171,21 @@ class Settings(BaseModel):
     # How much of execution-events a (re)started analytics service replays to rebuild its
     # windows; at least analytics_window_seconds.
     analytics_lookback_seconds: Annotated[float, Field(ge=1)] = 3600
+
+    @field_validator("ui_token", "ui_metrics_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"at least {MIN_TOKEN_LENGTH} characters: a token is a password "
+                             "anyone who reaches the dashboard may guess (`openssl rand -hex 24`)")
+        return value
+
+    @field_validator("ui_allowed_hosts", "ui_trusted_proxies", "worker_allow_shell")
+    @classmethod
+    def _items(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """Each item of a comma-separated list, stripped, checked (and normalised) by its own rule."""
+        check = _ITEM_RULES[info.field_name or ""]
+        return [check(item.strip()) for item in value if item.strip()]
 
     @field_validator("log_level")
     @classmethod
@@ -149,7 +219,7 @@ class Settings(BaseModel):
                 continue
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw.split(",") if name == "worker_queues" else raw
+                values[name] = raw.split(",") if name in _LIST_SETTINGS else raw
         for key, raw in env.items():
             if key.startswith(KAFKA_PASSTHROUGH_PREFIX) and key != "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS":
                 prop = key[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", ".")
@@ -175,26 +245,11 @@ class Settings(BaseModel):
         """The settings as a dict that is safe to log."""
         data = self.model_dump()
         data["database_url"] = redact_url(self.database_url)
-        for secret in ("ui_token", "ui_session_key"):
-            data[secret] = None if data[secret] is None else "***"
-        data["kafka_config"] = {
-            k: ("***" if any(w in k for w in _SECRET_WORDS) else v)
-            for k, v in self.kafka_config.items()
-        }
+        for secret in ("ui_token", "ui_session_key", "ui_metrics_token"):
+            data[secret] = None if data[secret] is None else MASK
+        # A librdkafka property named for a secret is never shown (sasl.password,
+        # ssl.key.pem, sasl.oauthbearer.config, sasl.oauthbearer.client.secret, ...).
+        data["kafka_config"] = {k: (MASK if is_secret_name(k) else v)
+                                for k, v in self.kafka_config.items()}
         return data
 
-
-def redact_url(url: str) -> str:
-    """The URL with its password hidden, in the userinfo and in the query string
-    (`?password=`, `sslpassword=`, `sslkey=`... libpq accepts them there too)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        query = "&".join(
-            f"{k}=***" if any(w in k.lower() for w in ("pass", "key", "secret", "token")) else f"{k}={v}"
-            for k, _, v in (item.partition("=") for item in parts.query.split("&") if item))
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    except ValueError:
-        return "***"  # not even a URL: show nothing of it

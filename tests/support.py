@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from cronstream.services.monitor.housekeeping import Housekeeping
@@ -147,6 +149,30 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def as_role(url: str, role: str) -> str:
+    """A database URL as `role` instead of its user (the test server trusts local
+    connections: the PostgreSQL roles of least privilege are reached by name)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rsplit('@', 1)[-1]}"))
+
+
+def start_ui(processes: Any, name: str, **env: str) -> str:
+    """Start `cronstream ui` among the test's processes (tests.conftest.Processes) with
+    `env`; its base URL once it serves."""
+    proc: ServiceProcess = processes.start("ui", name=name, extra_env=env)
+    proc.wait_for_log("action=http_serving")
+    return f"http://127.0.0.1:{proc.http_port()}"
+
+
+def csrf_of(client: httpx.Client, base: str, path: str = "/login") -> str:
+    """The CSRF token of the form on `path`, as `client` (a browser's cookies) gets it."""
+    page = client.get(base + path)
+    assert page.status_code == 200, page.status_code
+    match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text)
+    assert match, "every form carries a CSRF token"
+    return match[1]
 
 
 def standalone_housekeeping(settings: Settings, pool: asyncpg.Pool) -> Housekeeping:

@@ -14,6 +14,7 @@ from cronstream.cli import (
     infra_cmds,
     inspect_cmds,
     job_cmds,
+    kafka_acls_cmd,
     logs_cmd,
     prune_cmd,
     service_cmds,
@@ -25,7 +26,8 @@ from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_clo
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
-    "jobs", "logs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger", "workers"})
+    "jobs", "kafka-acls", "logs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger",
+    "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,7 +77,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, logs_cmd, completion_cmd,
-               dev_cmd, ui_cmd, prune_cmd):
+               dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -10,6 +10,7 @@ import click
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.infra import Infra
+from cronstream.shared import db_roles
 from cronstream.shared.db import apply_migrations, connect
 from cronstream.shared.kafka import ensure_topics
 from cronstream.shared.settings import Settings
@@ -52,16 +53,26 @@ def status(state: CliState) -> None:
     click.echo(json.dumps(Infra.from_settings(state.settings()).status(), indent=2))
 
 
-def initialise(settings: Settings, echo: bool = True) -> None:
-    created = ensure_topics(settings, settings.topics.specs())
-    if echo:
-        click.echo(f"topics: {len(created)} created" + (f" ({', '.join(created)})" if created
-                                                        else ", all present"))
+def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | None = None,
+               topics: bool = True) -> None:
+    """Topics and migrations; with `roles` (role -> password, maybe empty), first the
+    roles of least privilege, and the migrations as their owner (shared/db_roles.py)."""
+    if topics:
+        created = ensure_topics(settings, settings.topics.specs())
+        if echo:
+            click.echo(f"topics: {len(created)} created" + (f" ({', '.join(created)})" if created
+                                                            else ", all present"))
 
     async def migrate() -> list[str]:
         conn = await connect(settings.database_url)
         try:
-            return await apply_migrations(conn)
+            if roles is None:
+                return await apply_migrations(conn)
+            made = await db_roles.create_roles(conn, roles)
+            if echo:
+                click.echo(f"roles: {', '.join(made) + ' created' if made else 'all present'}"
+                           + (f"; passwords set for {', '.join(sorted(roles))}" if roles else ""))
+            return await db_roles.migrate_as_owner(conn)
         finally:
             await conn.close()
 
@@ -79,16 +90,37 @@ def initialise(settings: Settings, echo: bool = True) -> None:
 @click.option("--min-insync-replicas", type=click.IntRange(1, 32),
               envvar="CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS",
               help="min.insync.replicas of new topics (default: the broker's; 2 in production).")
+@click.option("--roles", is_flag=True,
+              help="First create the PostgreSQL roles cronstream_owner, cronstream_writer and "
+                   "cronstream_reader (needs an administrator's database URL) and migrate as the owner.")
+@click.option("--owner-password", envvar="CRONSTREAM_DB_OWNER_PASSWORD", metavar="PASSWORD",
+              help="With --roles: cronstream_owner's password (prefer the variable).")
+@click.option("--writer-password", envvar="CRONSTREAM_DB_WRITER_PASSWORD", metavar="PASSWORD",
+              help="With --roles: cronstream_writer's password (prefer the variable).")
+@click.option("--reader-password", envvar="CRONSTREAM_DB_READER_PASSWORD", metavar="PASSWORD",
+              help="With --roles: cronstream_reader's password (prefer the variable).")
+@click.option("--no-topics", is_flag=True, help="Leave Kafka alone (PostgreSQL only).")
 @pass_state
 def init(state: CliState, partitions: int | None, replication_factor: int | None,
-         min_insync_replicas: int | None) -> None:
+         min_insync_replicas: int | None, roles: bool, owner_password: str | None,
+         writer_password: str | None, reader_password: str | None, no_topics: bool) -> None:
     """Create the topics and apply the PostgreSQL migrations (idempotent).
 
     Existing topics are left as they are (their partition count and replication factor are
-    not changed)."""
-    initialise(state.settings(topic_partitions=partitions,
-                              topic_replication_factor=replication_factor,
-                              topic_min_insync_replicas=min_insync_replicas))
+    not changed). With --roles, once, by an administrator: the three roles of least
+    privilege (a role's password is set when given; a role without one logs in only where
+    pg_hba.conf trusts it)."""
+    passwords = {role: password for role, password in zip(
+        db_roles.ROLES, (owner_password, writer_password, reader_password), strict=True) if password}
+    if passwords and not roles:
+        raise click.UsageError("role passwords are set by `init --roles`")
+    try:
+        initialise(state.settings(topic_partitions=partitions,
+                                  topic_replication_factor=replication_factor,
+                                  topic_min_insync_replicas=min_insync_replicas),
+                   roles=passwords if roles else None, topics=not no_topics)
+    except db_roles.RoleError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 COMMANDS = [infra, init]

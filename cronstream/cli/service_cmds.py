@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -71,11 +72,14 @@ def dispatcher(state: CliState, instance_id: str | None, http_port: int | None,
 @click.option("--queues", envvar="CRONSTREAM_WORKER_QUEUES", help="Comma-separated queues.")
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Module that registers handlers with @handler (repeatable).")
-@click.option("--allow-shell", is_flag=True, help="Enable the built-in `shell` handler.")
+@click.option("--allow-shell", "allow_shell", multiple=True, is_flag=False, flag_value="",
+              metavar="EXECUTABLE[,...]",
+              help="Enable the built-in `shell` handler for these executables only (paths, or "
+                   "names on PATH; repeatable) [CRONSTREAM_WORKER_ALLOW_SHELL].")
 @http_options("worker")
 @pass_state
 def worker(state: CliState, worker_id: str | None, concurrency: int | None, queues: str | None,
-           imports: tuple[str, ...], allow_shell: bool, http_port: int | None,
+           imports: tuple[str, ...], allow_shell: tuple[str, ...], http_port: int | None,
            http_bind: str | None) -> None:
     """Run a worker for the given queues."""
     from cronstream.handlers import REGISTRY
@@ -89,14 +93,22 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
         except ImportError as exc:
             raise click.BadParameter(f"cannot import {module!r}: {exc}",
                                      param_hint="--import") from None
-    if allow_shell:
-        builtins.enable_shell()
+    if "" in allow_shell:
+        raise click.BadParameter(
+            "name the executables the shell handler may run, e.g. --allow-shell "
+            "/usr/bin/pg_dump,rsync (any command at all is no longer an option)",
+            param_hint="--allow-shell")
+    executables = [e for given in allow_shell for e in given.split(",") if e.strip()]
     settings = state.settings(
         worker_id=worker_id, worker_concurrency=concurrency,
         worker_queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
-        http_port=http_port, http_bind=http_bind,
+        worker_allow_shell=executables or None, http_port=http_port, http_bind=http_bind,
     )
-    runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports), allow_shell,
+    builtins.enable_shell(settings.worker_allow_shell)
+    # The handler processes inherit this environment: the list they run with.
+    os.environ[builtins.ALLOW_SHELL_ENV] = ",".join(settings.worker_allow_shell)
+    runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports),
+                        bool(settings.worker_allow_shell),
                         log_limit=settings.worker_log_limit_bytes)
     sys.exit(run_service(WorkerService(settings, runner), settings))
 

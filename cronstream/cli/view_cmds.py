@@ -32,7 +32,8 @@ from cronstream.client import Client
 from cronstream.errors import UnavailableError
 from cronstream.shared.db import query
 from cronstream.shared.records import ExecutionStatus
-from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.redaction import redact_url
+from cronstream.shared.settings import Settings
 
 EXECUTION_STATUSES: tuple[str, ...] = ExecutionStatus.__args__  # type: ignore[attr-defined]
 

@@ -23,6 +23,13 @@ HEAP = ["-Xms256m", "-Xmx768m"]
 class KafkaBroker:
     def __init__(self, base: Path, host: str, port: int) -> None:
         self.host, self.port = host, port
+        # Another configuration (deploy/local/server-sasl.properties: SASL and ACLs), its
+        # placeholders, what formatting the storage adds (SCRAM users) and what a client
+        # needs to ask whether it is ready (credentials).
+        self.template = "server.properties"
+        self.values: dict[str, str] = {}
+        self.format_args: list[str] = []
+        self.client_config: dict[str, str] = {}
         self.home = base / "kafka"
         self.libs = base / f"kafka-libs-{KAFKA_VERSION}"
         self.data = self.home / "data"
@@ -64,14 +71,15 @@ class KafkaBroker:
         template = resources.files("cronstream.deploy").joinpath(f"local/{name}").read_text()
         target = self.home / name
         target.write_text(Template(template).safe_substitute(values))
+        target.chmod(0o600)  # may hold a password (server-sasl.properties)
         return target
 
     def start(self, timeout: float = 90.0) -> int:
         self.ensure_jars()
         self.home.mkdir(parents=True, exist_ok=True)
         props = self._render(
-            "server.properties", host=self.host, port=str(self.port),
-            controller_port=str(self.port + 1), data_dir=str(self.data),
+            self.template, host=self.host, port=str(self.port),
+            controller_port=str(self.port + 1), data_dir=str(self.data), **self.values,
         )
         log4j = self._render("log4j2.properties", log_file=str(self.log_file))
         classpath = f"{self.libs}/*"
@@ -84,7 +92,7 @@ class KafkaBroker:
             ).stdout.strip() or uuid.uuid4().hex[:22]
             subprocess.run(
                 [java, logging_opt, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                 "-t", cluster_id, "-c", str(props), "-g"],
+                 "-t", cluster_id, "-c", str(props), "-g", *self.format_args],
                 check=True, capture_output=True,
             )
         pid = spawn(
@@ -107,7 +115,8 @@ class KafkaBroker:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 2000})
+        admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 2000,
+                             **self.client_config})
         try:
             metadata = admin.list_topics(timeout=2)
         except KafkaException:

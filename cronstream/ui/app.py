@@ -29,18 +29,19 @@ from starlette.responses import (
     PlainTextResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from cronstream.shared.settings import Settings
 from cronstream.ui import views
 from cronstream.ui.actions import ActionFailed, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
-from cronstream.ui.live import LiveHub
+from cronstream.ui.hosts import AllowedHosts, HostGuard
+from cronstream.ui.live import LiveHub, LiveResponse
 from cronstream.ui.present import FILTERS
 from cronstream.ui.store import DatabaseUnavailable, Store
 
@@ -48,6 +49,8 @@ HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 MAX_FORM_BYTES = 16 * 1024
+# Sent over HTTPS only (behind a trusted proxy that terminates TLS: create_app): a year.
+HSTS = b"max-age=31536000"
 
 
 class BadInput(ValueError):
@@ -64,13 +67,17 @@ class UI:
         self.auth = Auth(
             settings.ui_token.get_secret_value() if settings.ui_token else None,
             settings.ui_identity_header, settings.ui_protect_reads,
-            settings.ui_session_key.get_secret_value() if settings.ui_session_key else None)
+            settings.ui_session_key.get_secret_value() if settings.ui_session_key else None,
+            token_login=settings.ui_token_login,
+            metrics_token=settings.ui_metrics_token.get_secret_value() if settings.ui_metrics_token else None)
         # Autoescaping everywhere: job names, params, results and errors come from records.
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                  autoescape=True)
         env.filters.update(FILTERS)
         self.templates = Jinja2Templates(env=env)
-        self.hub = LiveHub(settings.database_url, self.render_live)
+        self.hub = LiveHub(settings.database_url, self.render_live,
+                           max_streams=settings.ui_live_streams,
+                           max_streams_per_client=settings.ui_live_streams_per_client)
 
     async def render_live(self) -> str:
         data = await views.runs(self.store)
@@ -123,6 +130,20 @@ def _wants_json(request: Request) -> bool:
         request.headers.get("authorization", "").lower().startswith("bearer ")
 
 
+def _throttled(ui: UI, request: Request, wait: float | None = None) -> Response | None:
+    """429 for a token tried by a client that had sent too many wrong ones (throttle.py)
+    when its request came (`wait`, taken before this token was tried), else None."""
+    wait = ui.auth.throttled(request) if wait is None else wait
+    tried = request.url.path == "/login" or \
+        request.headers.get("authorization", "").lower().startswith("bearer ")
+    if wait <= 0 or not tried:
+        return None
+    response = ui.error(request, 429, "Too many wrong tokens",
+                        f"Try again in {int(wait) + 1} seconds.")
+    response.headers["Retry-After"] = str(int(wait) + 1)
+    return response
+
+
 def _safe_next(target: str | None, default: str = "/") -> str:
     """Only a local path: never an open redirect."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
@@ -139,7 +160,11 @@ def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
     async def endpoint(request: Request) -> Response:
         ui: UI = request.app.state.ui
+        wait = ui.auth.throttled(request)
         if ui.auth.protect_reads and ui.auth.identify(request) is None:
+            refused = _throttled(ui, request, wait)
+            if refused is not None:
+                return refused
             if _wants_json(request):
                 return JSONResponse({"error": "authentication required"}, status_code=401)
             return RedirectResponse("/login?" + urlencode({"next": _here(request)}), 303)
@@ -167,8 +192,12 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
         if not ui.auth.actions_enabled:
             return ui.error(request, 403, "Actions are off",
                             "Set CRONSTREAM_UI_TOKEN or CRONSTREAM_UI_IDENTITY_HEADER to enable them.")
+        wait = ui.auth.throttled(request)
         identity = ui.auth.identify(request)
         if identity is None:
+            refused = _throttled(ui, request, wait)
+            if refused is not None:
+                return refused
             response = ui.error(request, 401, "Authentication required",
                                 "Log in (or send Authorization: Bearer <token>) to act.")
             response.headers["WWW-Authenticate"] = 'Bearer realm="cronstream"'
@@ -193,8 +222,10 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
             return ui.error(request, 503, "PostgreSQL is unavailable", str(exc))
         if identity.via == "bearer" or _wants_json(request):
             return JSONResponse({"ok": True, "notice": notice, "by": identity.name})
-        back = _safe_next(form.get("next"), (request.headers.get("referer") and
-                          urlsplit(request.headers["referer"]).path) or "/")
+        # Without `next`, back to the page the form was on, checked like `next` (a
+        # Referer path of `//evil.example` would otherwise leave the site).
+        referer = request.headers.get("referer")
+        back = _safe_next(form.get("next"), _safe_next(urlsplit(referer).path if referer else None))
         separator = "&" if "?" in back else "?"
         return RedirectResponse(f"{back}{separator}notice={quote(notice)}", 303)
 
@@ -252,12 +283,7 @@ async def runs_page(ui: UI, request: Request) -> Response:
 
 @page
 async def runs_live(ui: UI, request: Request) -> Response:
-    async def events() -> AsyncIterator[str]:
-        async for chunk in ui.hub.stream():
-            yield chunk
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return LiveResponse(ui.hub, Auth.client(request))
 
 
 @page
@@ -314,7 +340,9 @@ async def login_page(request: Request) -> Response:
 async def login(request: Request) -> Response:
     ui: UI = request.app.state.ui
     if ui.auth.token is None:
-        return ui.error(request, 403, "No login", "CRONSTREAM_UI_TOKEN is not set.")
+        return ui.error(request, 403, "No login", "CRONSTREAM_UI_TOKEN is not set." if
+                        not ui.auth.token_ignored else "Sign in through the proxy: token logins are "
+                        "off beside CRONSTREAM_UI_IDENTITY_HEADER (CRONSTREAM_UI_TOKEN_LOGIN).")
     form = await _form(request)
     target = _safe_next(form.get("next"))
     if not Auth.same_origin(request) or not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
@@ -323,7 +351,10 @@ async def login(request: Request) -> Response:
     if not Auth.valid_name(name):
         return ui.page(request, "login.html", {"next": target, "error":
                        "name: 1 to 64 letters, digits, spaces or . @ + - _"}, 400)
-    if not ui.auth.valid_token(form.get("token", "")):
+    refused = _throttled(ui, request)
+    if refused is not None:
+        return refused
+    if not ui.auth.check_token(form.get("token", ""), request):
         return ui.page(request, "login.html", {"next": target, "error": "wrong token"}, 401)
     response = RedirectResponse(target, 303)
     response.set_cookie(SESSION_COOKIE, ui.auth.session_value(name), max_age=SESSION_SECONDS,
@@ -429,6 +460,14 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics_endpoint(request: Request) -> Response:
+    ui: UI = request.app.state.ui
+    wait = ui.auth.throttled(request)
+    if not ui.auth.may_scrape(request):
+        refused = _throttled(ui, request, wait)
+        if refused is not None:
+            return refused
+        return PlainTextResponse("authentication required\n", 401,
+                                 headers={"WWW-Authenticate": 'Bearer realm="cronstream"'})
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(encoder(REGISTRY), media_type=content_type)
 
@@ -436,8 +475,8 @@ async def metrics_endpoint(request: Request) -> Response:
 # -- application ------------------------------------------------------------------------
 
 class SecurityHeaders:
-    """CSP (no inline script or style anywhere), no framing, no sniffing, and the
-    server's own time per response (`Server-Timing`, read by bench/ui.py)."""
+    """CSP (no inline script or style anywhere), no framing, no sniffing, HSTS over
+    HTTPS, and the server's own time per response (`Server-Timing`, read by bench/ui.py)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -459,6 +498,8 @@ class SecurityHeaders:
                     (b"referrer-policy", b"same-origin"),
                     (b"server-timing", f"app;dur={elapsed:.2f}".encode()),
                 ]
+                if scope.get("scheme") == "https":
+                    headers.append((b"strict-transport-security", HSTS))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -509,5 +550,11 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.ui = ui
+    # Outermost last: the proxy's headers are read first (the scheme for Secure cookies
+    # and HSTS, the client's address for throttling and stream caps), and a refused Host
+    # still gets the security headers.
+    app.add_middleware(HostGuard, allowed=AllowedHosts(settings.ui_allowed_hosts, settings.ui_bind))
     app.add_middleware(SecurityHeaders)
+    if settings.ui_trusted_proxies:
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.ui_trusted_proxies)
     return app

@@ -8,7 +8,14 @@ Actions are off unless an identity can be established, in one of three ways:
   the UI behind a proxy and use the header);
 - the identity header of a trusted proxy (oauth2-proxy's `X-Forwarded-User`, ...),
   opt-in with CRONSTREAM_UI_IDENTITY_HEADER. Only safe when nothing but that proxy can
-  reach the UI (it must strip the header from what clients send).
+  reach the UI (it must strip the header from what clients send). In this mode the
+  header is the identity: the token (login and bearer) is off unless
+  CRONSTREAM_UI_TOKEN_LOGIN=true, since whoever knew it could log in under any name,
+  and a header, when present, wins over a token's session.
+
+Tokens are at least 16 characters (settings), wrong ones are throttled per client
+address (`throttle.py`), and a session names the token it was opened with: changing the
+token ends every session, even under a session key that stays the same.
 
 Every state-changing request carried by ambient credentials (a cookie, a proxy's
 header) must also carry a CSRF token: the HMAC of a random per-browser cookie
@@ -32,6 +39,9 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
+from cronstream.shared import metrics
+from cronstream.ui.throttle import Throttle
+
 SESSION_COOKIE = "cronstream_session"
 CSRF_COOKIE = "cronstream_csrf"
 CSRF_FIELD = "csrf_token"
@@ -48,10 +58,15 @@ class Identity:
 
 class Auth:
     def __init__(self, token: str | None, identity_header: str | None, protect_reads: bool,
-                 secret: str | None) -> None:
-        self.token = token or None
+                 secret: str | None, *, token_login: bool | None = None,
+                 metrics_token: str | None = None, throttle: Throttle | None = None) -> None:
         self.identity_header = identity_header or None
+        self.token_login = token_login if token_login is not None else self.identity_header is None
+        self.token = (token or None) if self.token_login else None
+        self.token_ignored = bool(token) and not self.token_login  # logged at start
+        self.metrics_token = metrics_token or None
         self.protect_reads = protect_reads
+        self.throttle = throttle or Throttle()
         if secret:
             key = secret.encode()
         elif self.token:
@@ -60,6 +75,8 @@ class Auth:
         else:
             key = secrets.token_bytes(32)
         self._key = key
+        self._token_tag = hashlib.sha256(b"cronstream-ui-token|" + self.token.encode()).hexdigest()[:32] \
+            if self.token else ""
 
     @property
     def actions_enabled(self) -> bool:
@@ -70,8 +87,27 @@ class Auth:
 
     # -- identity -------------------------------------------------------------------
 
-    def valid_token(self, given: str) -> bool:
-        return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
+    @staticmethod
+    def client(request: Request) -> str:
+        """The client's address (the real one behind a trusted proxy: app.py)."""
+        return request.client.host if request.client else "unknown"
+
+    def throttled(self, request: Request) -> float:
+        """Seconds this request's client must wait before a token is compared again."""
+        return self.throttle.retry_after(self.client(request))
+
+    def check_token(self, given: str, request: Request, expected: str | None = None) -> bool:
+        """Whether `given` is the token (or `expected`); a throttled client's is not even
+        compared, and a wrong one counts against its address."""
+        wanted = self.token if expected is None else expected
+        client = self.client(request)
+        if wanted is not None and self.throttle.retry_after(client) <= 0:
+            if hmac.compare_digest(given.encode(), wanted.encode()):
+                self.throttle.succeeded(client)
+                return True
+            self.throttle.failed(client)
+        metrics.UI_TOKEN_FAILURES.inc()
+        return False
 
     @staticmethod
     def valid_name(name: str) -> bool:
@@ -80,12 +116,13 @@ class Auth:
     def session_value(self, name: str, now: float | None = None) -> str:
         expires = str(int((time.time() if now is None else now) + SESSION_SECONDS))
         encoded = base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
-        return f"{encoded}.{expires}.{self._sign('session', encoded, expires)}"
+        return f"{encoded}.{expires}.{self._sign('session', encoded, expires, self._token_tag)}"
 
     def _session_name(self, value: str, now: float | None = None) -> str | None:
         try:
             encoded, expires, signature = value.split(".")
-            if not hmac.compare_digest(signature, self._sign("session", encoded, expires)):
+            if not self._token_tag or not hmac.compare_digest(
+                    signature, self._sign("session", encoded, expires, self._token_tag)):
                 return None
             if int(expires) < (time.time() if now is None else now):
                 return None
@@ -95,20 +132,39 @@ class Auth:
         return name if self.valid_name(name) else None
 
     def identify(self, request: Request) -> Identity | None:
-        authorization = request.headers.get("authorization", "")
-        if authorization.lower().startswith("bearer ") and self.token is not None:
-            return Identity(API_IDENTITY, "bearer") if self.valid_token(authorization[7:].strip()) else None
-        if self.token is not None:
-            cookie = request.cookies.get(SESSION_COOKIE)
-            if cookie:
-                name = self._session_name(cookie)
-                if name is not None:
-                    return Identity(name, "session")
+        """Who sends `request` (once per request: a wrong bearer token counts once)."""
+        if "cronstream.identity" not in request.scope:
+            request.scope["cronstream.identity"] = self._identify(request)
+        identity: Identity | None = request.scope["cronstream.identity"]
+        return identity
+
+    def _identify(self, request: Request) -> Identity | None:
         if self.identity_header is not None:
             value = request.headers.get(self.identity_header, "").strip()
             if value:
                 return Identity(value[:256], "header")
+        if self.token is None:
+            return None
+        authorization = request.headers.get("authorization", "")
+        if authorization.lower().startswith("bearer "):
+            given = authorization[7:].strip()
+            return Identity(API_IDENTITY, "bearer") if self.check_token(given, request) else None
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            name = self._session_name(cookie)
+            if name is not None:
+                return Identity(name, "session")
         return None
+
+    def may_scrape(self, request: Request) -> bool:
+        """/metrics: with a scrape token (CRONSTREAM_UI_METRICS_TOKEN), that token as a
+        bearer and nothing else; without one, as any page (open unless reads are
+        protected)."""
+        if self.metrics_token is None:
+            return not self.protect_reads or self.identify(request) is not None
+        authorization = request.headers.get("authorization", "")
+        return authorization.lower().startswith("bearer ") and self.check_token(
+            authorization[7:].strip(), request, self.metrics_token)
 
     # -- CSRF -----------------------------------------------------------------------
 

@@ -8,6 +8,13 @@ however many browsers watch — and only while at least one browser watches. Whe
 nothing runs, nothing is notified and nothing is read. If the LISTEN connection is
 lost, the hub falls back to re-reading every `fallback_interval` seconds (again only
 while someone watches) until it is back.
+
+A browser that connects gets the view every watcher has, when nothing changed since it
+was rendered; otherwise it waits for the next render, shared with everyone who joined
+meanwhile. So a reconnect storm (a proxy restarted, a deploy) costs at most one render
+per tick, never one per connection. Streams are capped per process and per client
+address (`admit`); beyond a cap the endpoint answers 503 with Retry-After, and the
+dashboard's script tries again later (docs/decisions/0041).
 """
 
 from __future__ import annotations
@@ -15,27 +22,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from cronstream.shared import metrics
 from cronstream.shared.logs import log
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "cronstream_executions"
+# A refused stream is asked to come back after this many seconds, plus up to as many again
+# at random: reconnects after a storm spread out instead of arriving together.
+RETRY_AFTER_SECONDS = 10
 
 
 class LiveHub:
     def __init__(self, dsn: str, render: Callable[[], Awaitable[str]],
-                 min_interval: float = 0.5, fallback_interval: float = 5.0) -> None:
+                 min_interval: float = 0.5, fallback_interval: float = 5.0, *,
+                 max_streams: int = 500, max_streams_per_client: int = 8) -> None:
         self.dsn = dsn
         self.render = render
         self.min_interval = min_interval
         self.fallback_interval = fallback_interval
-        self.renders = 0        # times the view was re-read for the watchers
+        self.max_streams = max_streams
+        self.max_streams_per_client = max_streams_per_client
+        self.renders = 0        # times the view was read, for every watcher at once
         self.notifications = 0  # changes PostgreSQL announced
+        self.refused = 0        # streams refused by a cap
+        self._latest: str | None = None
+        self._latest_as_of = -1  # self.notifications when _latest was read
+        self._clients: Counter[str] = Counter()
         self._subscribers: set[asyncio.Queue[str]] = set()
         self._dirty = asyncio.Event()
         self._closing = asyncio.Event()
@@ -45,6 +67,33 @@ class LiveHub:
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
+
+    @property
+    def streams(self) -> int:
+        """Streams admitted and not yet ended."""
+        return sum(self._clients.values())
+
+    def admit(self, client: str) -> bool:
+        """Take a stream slot for `client` (release it with `leave`); False beyond a cap."""
+        if self.streams >= self.max_streams or self._clients[client] >= self.max_streams_per_client:
+            self.refused += 1
+            metrics.UI_LIVE_REFUSED.inc()
+            return False
+        self._clients[client] += 1
+        metrics.UI_LIVE_STREAMS.inc()
+        return True
+
+    def leave(self, client: str) -> None:
+        metrics.UI_LIVE_STREAMS.dec()
+        self._clients[client] -= 1
+        if self._clients[client] <= 0:
+            del self._clients[client]
+
+    def _current(self) -> str | None:
+        """The rendered view, if nothing changed since (as far as a LISTEN can tell)."""
+        if self._listening and self._latest_as_of == self.notifications:
+            return self._latest
+        return None
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._listen(), name="ui-listen"),
@@ -78,6 +127,7 @@ class LiveHub:
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())  # type: ignore[misc]
                 await conn.add_listener(CHANNEL, self._notified)
                 self._listening, backoff = True, 1.0
+                self._latest_as_of = -1  # rendered before this LISTEN: may be stale
                 log(logger, "live_listening", channel=CHANNEL)
                 self._dirty.set()  # whatever changed while not listening
                 await lost.wait()
@@ -104,6 +154,7 @@ class LiveHub:
                     await asyncio.sleep(self.fallback_interval)
                 continue
             self._dirty.clear()
+            as_of = self.notifications
             try:
                 payload = await self.render()
             except Exception as exc:  # the database went away: try again at the next change
@@ -111,18 +162,23 @@ class LiveHub:
                 await asyncio.sleep(self.fallback_interval)
                 continue
             self.renders += 1
+            metrics.UI_LIVE_RENDERS.inc()
+            self._latest, self._latest_as_of = payload, as_of
             for queue in list(self._subscribers):
                 _offer(queue, payload)
             await asyncio.sleep(self.min_interval)  # coalesce bursts of notifications
 
     async def stream(self, keepalive: float = 15.0) -> AsyncIterator[str]:
-        """Server-sent events for one browser: a snapshot, then each re-render."""
+        """Server-sent events for one browser: the current view, then each re-render."""
         queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
         self._subscribers.add(queue)
         try:
             yield "retry: 3000\n\n"
-            snapshot = await self.render()
-            yield _event(snapshot)
+            current = self._current()
+            if current is not None:
+                yield _event(current)
+            else:
+                self._dirty.set()  # one render, for everyone who joins before it
             while not self._closing.is_set():
                 try:
                     payload = await asyncio.wait_for(queue.get(), keepalive)
@@ -147,3 +203,30 @@ def _offer(queue: asyncio.Queue[str], payload: str) -> None:
 def _event(payload: str) -> str:
     lines = "".join(f"data: {line}\n" for line in payload.splitlines() or [""])
     return f"event: runs\n{lines}\n"
+
+
+class LiveResponse(Response):
+    """`/runs/live` for one client: admitted by the hub's caps or refused with 503 and
+    Retry-After, and its slot given back however the stream ends (the response object
+    is what the server runs, so its `finally` runs even for a client gone before the
+    first byte)."""
+
+    def __init__(self, hub: LiveHub, client: str) -> None:
+        super().__init__()
+        self.hub = hub
+        self.client = client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.hub.admit(self.client):
+            log(logger, "live_stream_refused", client=self.client, streams=self.hub.streams)
+            wait = RETRY_AFTER_SECONDS + random.randint(0, RETRY_AFTER_SECONDS)
+            refused = PlainTextResponse("too many live streams: try again later\n", 503,
+                                        headers={"Retry-After": str(wait), "Cache-Control": "no-store"})
+            await refused(scope, receive, send)
+            return
+        try:
+            streaming = StreamingResponse(self.hub.stream(), media_type="text/event-stream",
+                                          headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+            await streaming(scope, receive, send)
+        finally:
+            self.hub.leave(self.client)

@@ -85,6 +85,10 @@ def serve(settings: Settings) -> int:
                             timeout_graceful_shutdown=GRACEFUL_SECONDS, server_header=False,
                             proxy_headers=False)
     server = _Server(config, app.state.ui)
+    if app.state.ui.auth.token_ignored:
+        log(logger, "ui_token_ignored", logging.WARNING,
+            reason="CRONSTREAM_UI_IDENTITY_HEADER is set: the proxy names who acts; "
+                   "set CRONSTREAM_UI_TOKEN_LOGIN=true to let the token log in too")
     bound = sock.getsockname()
     log(logger, "http_serving", service=SERVICE, bind=bound[0], port=bound[1],
         url=f"http://{settings.ui_bind}:{bound[1]}/",

@@ -1,8 +1,8 @@
 """The read side: the projection through the named queries of `shared/sql/ui.sql`.
 
 One small asyncpg pool, opened lazily so that the UI starts (and says it is not ready)
-while PostgreSQL is away; every query has a statement timeout so that a slow one fails
-the request instead of piling up.
+while PostgreSQL is away, whose transactions are read-only; every query has a statement
+timeout so that a slow one fails the request instead of piling up.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncpg
 
 from cronstream.shared.db import query
 from cronstream.shared.logs import log
-from cronstream.shared.settings import redact_url
+from cronstream.shared.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,11 @@ class Store:
                     self._pool = await asyncpg.create_pool(
                         self.dsn, min_size=1, max_size=self.max_size,
                         timeout=CONNECT_TIMEOUT_SECONDS,
+                        # Read-only whatever role the URL names (cronstream_reader is
+                        # read-only by itself: docs/decisions/0034).
                         server_settings={"statement_timeout": str(STATEMENT_TIMEOUT_MS),
-                                         "application_name": "cronstream-ui"})
+                                         "application_name": "cronstream-ui",
+                                         "default_transaction_read_only": "on"})
                 except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                     log(logger, "database_unavailable", logging.WARNING,
                         database=redact_url(self.dsn), error=str(exc))

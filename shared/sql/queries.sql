@@ -216,6 +216,11 @@ SELECT version FROM schema_migrations;
 -- name: record_migration
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
 
+-- name: grant_roles
+-- After every migration run: the roles of least privilege get what they need of every
+-- table, those a later migration added included (migration 0008).
+SELECT cronstream_grant_roles();
+
 -- name: executions_at
 SELECT scheduled_at FROM job_executions
 WHERE job_id = $1 AND attempt_number = 1 AND scheduled_at = ANY($2::timestamptz[]);

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,19 +38,29 @@ def db(url: str, statement: str, *args: Any) -> list[Any]:
         return pool.submit(sql, url, statement, *args).result(timeout=30)
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """Per test, and requested after the database fixtures: Playwright's loop must not
-    be running while they call asyncio.run()."""
+@contextmanager
+def chromium(*args: str) -> Iterator[Browser]:
+    """The system's Chromium under Playwright, with `args` besides ours (a missing one
+    fails in CI and skips elsewhere)."""
     if not os.path.exists(CHROMIUM):
         message = f"{CHROMIUM} is missing (apt-get install chromium; `make test` does it)"
         if CI:
             pytest.fail(message)
         pytest.skip(message)
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Per test, and requested after the database fixtures: Playwright's loop must not
+    be running while they call asyncio.run()."""
+    with chromium() as launched:
         yield launched
-        launched.close()
 
 
 @dataclass

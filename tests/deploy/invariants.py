@@ -7,6 +7,7 @@ manifest and see it complain (a check that cannot fail proves nothing).
 from __future__ import annotations
 
 import ipaddress
+import re
 import ssl
 from functools import cache
 from typing import Any
@@ -50,6 +51,13 @@ SINGLE_INSTANCE = {"analytics"}
 # The commands that read PostgreSQL: only their containers get the database URL (it
 # carries the database password).
 DATABASE_READERS = {"init", "monitor", "ui"}
+# Each connects as its own role (shared/db_roles.py), from the Secret of that role; only
+# `init --roles` (an administrator's one-off, the dev overlay's init) uses another URL.
+DATABASE_ROLE_SECRETS = {"init": "cronstream-database-owner", "monitor": "cronstream-database-writer",
+                         "ui": "cronstream-database-reader"}
+# Where Kafka credentials are given, each part has its own: the Secret
+# `cronstream-kafka-<part>` (shared/acls.py names the parts after the commands).
+KAFKA_PRINCIPAL_SECRET = "cronstream-kafka-{}"
 # Where a command's HTTP server binds: (its CLI option, the Settings field behind it).
 # The UI binds loopback by default, the services 0.0.0.0 (shared/settings.py).
 HTTP_BIND = {"ui": ("--bind", "ui_bind")}
@@ -252,6 +260,44 @@ def _database_url_only_where_read(container: Container) -> list[str]:
     return []
 
 
+def _secret_of(container: Container, variable: str) -> str | None:
+    """The name of the Secret a variable comes from (without a generator's hash suffix)."""
+    for env in container.spec.get("env", []):
+        ref = env.get("valueFrom", {}).get("secretKeyRef") if env["name"] == variable else None
+        if ref:
+            name = str(ref["name"])
+            # A Secret the overlay generates is named with a hash of its content.
+            return re.sub(r"-[a-z0-9]{10}$", "", name) if container.workload.secret(name) is not None \
+                else name
+    return None
+
+
+def _database_role(container: Container) -> list[str]:
+    """The monitor writes as cronstream_writer, the UI reads as cronstream_reader, init
+    migrates as cronstream_owner: never one URL for all (issue 49)."""
+    if not container.is_cronstream or not container.argv or container.argv[0] not in DATABASE_ROLE_SECRETS:
+        return []
+    command = container.argv[0]
+    source = _secret_of(container, "CRONSTREAM_DATABASE_URL")
+    if source is None or source == DATABASE_ROLE_SECRETS[command]:
+        return []
+    if command == "init" and "--roles" in container.argv and source not in DATABASE_ROLE_SECRETS.values():
+        return []  # an administrator's URL, to make the roles
+    return [f"{container}: its database URL comes from the Secret {source}, not "
+            f"{DATABASE_ROLE_SECRETS[command]} (its role's)"]
+
+
+def _ui_token_beside_header(container: Container) -> list[str]:
+    """Behind an SSO proxy the header names who acts: a shared token in the same pod would
+    let whoever learns it act under any name."""
+    if not container.is_cronstream or container.argv[:1] != ["ui"]:
+        return []
+    names = container.env_names()
+    if "CRONSTREAM_UI_IDENTITY_HEADER" in names and "CRONSTREAM_UI_TOKEN" in names:
+        return [f"{container}: sets both CRONSTREAM_UI_IDENTITY_HEADER and CRONSTREAM_UI_TOKEN"]
+    return []
+
+
 def _reachable_bind(container: Container) -> list[str]:
     """A service in a pod must listen on the pod's address: the kubelet probes it there, and
     the Service and Prometheus reach it there. Loopback passes a local test, not a cluster."""
@@ -292,7 +338,26 @@ def _single_instance(container: Container) -> list[str]:
 
 CONTAINER_CHECKS = (_pod_security, _resources, _probes, _env, _service_links, _drain_grace,
                     _identity, _ca_mounted, _secrets_from_secrets, _database_url_only_where_read,
-                    _reachable_bind, _single_instance)
+                    _database_role, _ui_token_beside_header, _reachable_bind, _single_instance)
+
+
+def _kafka_principals(objects: list[dict[str, Any]]) -> list[str]:
+    """Where one cronstream container authenticates to Kafka, each does, as its own part:
+    the Secret `cronstream-kafka-<command>`, so that the cluster's ACLs can tell a worker
+    from the UI (shared/acls.py)."""
+    containers = [c for w in workloads(objects) for c in w.containers(init=False)
+                  if c.is_cronstream and c.argv]
+    if not any("CRONSTREAM_KAFKA_SASL_USERNAME" in c.env_names() for c in containers):
+        return []
+    problems = []
+    for container in containers:
+        expected = KAFKA_PRINCIPAL_SECRET.format(container.argv[0])
+        for variable in ("CRONSTREAM_KAFKA_SASL_USERNAME", "CRONSTREAM_KAFKA_SASL_PASSWORD"):
+            source = _secret_of(container, variable)
+            if source != expected:
+                problems.append(f"{container}: {variable} comes from {source or 'no Secret'}, "
+                                f"not {expected}: every part authenticates as its own principal")
+    return problems
 
 
 def _references(objects: list[dict[str, Any]]) -> list[str]:
@@ -446,6 +511,7 @@ def problems(objects: list[dict[str, Any]]) -> list[str]:
     found.extend(_disruption_budgets(objects))
     found.extend(_network_policies(objects))
     found.extend(_single_instances_not_scaled(objects))
+    found.extend(_kafka_principals(objects))
     return found
 
 

@@ -10,7 +10,9 @@ The only changes, each to a value and never to a name, path or command:
 - ConfigMap values that point at the cluster's Kafka (bootstrap servers, SASL_SSL, a
   replication factor of 3) point at the test's single plaintext broker, and the topic
   prefix is the test's own;
-- the Secrets (not in the manifests) hold the test's database URL and dummy credentials;
+- the Secrets (not in the manifests) hold the test's database URL, as the role each one is
+  for (an administrator makes the roles first with `cronstream init --roles`, as
+  docs/deploy.md says), and dummy Kafka credentials (the broker is plaintext);
 - each container port is mapped to a free port on this host (two pods may both listen on
   9183 in a cluster, not here): the port value in the container's env is replaced by the
   mapped one, and the probes go to the mapped port of the port they name.
@@ -50,7 +52,7 @@ from tests.deploy.manifests import (
     render,
     workloads,
 )
-from tests.support import eventually, run_now, sql
+from tests.support import as_role, eventually, run_now, sql
 
 STARTUP_TIMEOUT = 120.0
 # Like the kubelet (restartPolicy Always), a service container that exits is started again
@@ -239,6 +241,15 @@ def service_port(cluster: Cluster, pods: dict[str, Pod], name: str) -> tuple[Pod
     return pod, pod.ports[pod.container.port_number(port["targetPort"])]
 
 
+def make_roles(database_url: str, tmp: Path) -> None:
+    """What an administrator does once before the first `init` (docs/deploy.md)."""
+    entrypoint, base = local_launcher(tmp)
+    done = subprocess.run([*entrypoint, "init", "--roles", "--no-topics"],
+                          env={**base, "CRONSTREAM_DATABASE_URL": database_url},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def check_ui(cluster: Cluster, pods: dict[str, Pod], database_url: str, token: str) -> None:
     """Through the `cronstream-ui` Service's port: pages need a login (prod protects reads),
     /jobs shows the job from PostgreSQL, and a trigger with the token of the Secret
@@ -275,7 +286,12 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
     pod, the UI showing it and running it again, and every process stopped by SIGTERM with
     exit code 0 within its terminationGracePeriodSeconds."""
     prefix = f"k8s{uuid.uuid4().hex[:10]}."
-    ui_token = uuid.uuid4().hex
+    ui_token, scrape_token = uuid.uuid4().hex, uuid.uuid4().hex
+    make_roles(database_url, tmp_path)
+    kafka_users = {(f"cronstream-kafka-{part}", key): "unused-over-plaintext" if key == "password"
+                   else f"cronstream-{part}"
+                   for part in ("scheduler", "dispatcher", "worker", "monitor", "analytics", "ui", "init")
+                   for key in ("username", "password")}
     cluster = Cluster(
         render(*VARIANTS["prod"]),
         config={
@@ -286,11 +302,12 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
             "CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS": "1",
         },
         secrets={
-            ("cronstream-database", "url"): database_url,
-            ("cronstream-kafka", "username"): "cronstream",
-            ("cronstream-kafka", "password"): "unused-over-plaintext",
+            **{(f"cronstream-database-{role}", "url"): as_role(database_url, f"cronstream_{role}")
+               for role in ("owner", "writer", "reader")},
+            **kafka_users,
             ("cronstream-ui", "token"): ui_token,
             ("cronstream-ui", "session-key"): uuid.uuid4().hex,
+            ("cronstream-ui", "metrics-token"): scrape_token,
         },
         log_dir=tmp_path,
         launcher=launcher,
@@ -319,12 +336,17 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
         for pod in pods.values():
             wait_probe(pod, "readinessProbe")
 
-        # What Prometheus scrapes: /metrics on the port each Service targets.
+        # What Prometheus scrapes: /metrics on the port each Service targets (the UI's with
+        # its scrape token: its reads are protected).
         for service in find(cluster.objects, "Service"):
             pod, port = service_port(cluster, pods, service["metadata"]["name"])
-            status, body = http_get(port, "/metrics")
+            ui = pod.container.argv[0] == "ui"
+            scrape = {"Authorization": f"Bearer {scrape_token}"} if ui else {}
+            status, _, body = http_request(port, "/metrics", headers=scrape)
             assert status == 200 and f'cronstream_build_info{{service="{pod.container.argv[0]}"' in body, \
                 (service["metadata"], status)
+            if ui:
+                assert http_request(port, "/metrics")[0] == 401, "the UI's /metrics without its token"
 
         settings = Settings(kafka_bootstrap_servers=kafka, database_url=database_url,
                             topic_prefix=prefix)

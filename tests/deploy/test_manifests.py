@@ -8,8 +8,9 @@ kustomize`, then:
 - the invariants of tests/deploy/invariants.py hold (probes, resources, restricted pod
   security, read-only root, env names cronstream reads, worker grace ≥ drain + 15 s,
   stable identities, references, secrets only from Secrets and the database URL only
-  where PostgreSQL is read, HTTP on the pod's address, one analytics instance, topology
-  spread, disruption budgets, network policies).
+  where PostgreSQL is read, as the command's own role, each part's own Kafka
+  principal, no UI token beside an identity header, HTTP on the pod's address, one
+  analytics instance, topology spread, disruption budgets, network policies).
 The Dockerfile is linted with hadolint.
 """
 
@@ -221,7 +222,7 @@ def test_a_second_analytics_instance_is_refused() -> None:
 def test_a_secret_outside_a_secret_or_the_database_url_where_unread_is_refused() -> None:
     objects = _prod()
     _container(objects, "Deployment", "cronstream-analytics")["env"].append(
-        {"name": "CRONSTREAM_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cronstream-database",
+        {"name": "CRONSTREAM_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cronstream-database-reader",
                                                                            "key": "url"}}})
     ui = _container(objects, "Deployment", "cronstream-ui")
     ui["env"] = [e for e in ui["env"] if e["name"] != "CRONSTREAM_UI_TOKEN"]
@@ -234,6 +235,35 @@ def test_a_secret_outside_a_secret_or_the_database_url_where_unread_is_refused()
     assert "cronstream-ui/ui: the secret CRONSTREAM_UI_TOKEN comes from a literal value" in found
     assert f"the secret CRONSTREAM_KAFKA_SSL_KEY_PASSWORD comes from ConfigMap {config['metadata']['name']}" \
         in found
+
+
+def test_one_database_role_or_one_kafka_principal_for_all_is_refused() -> None:
+    """Each part holds only its own keys (issue 49): the monitor writes as the writer, the
+    UI reads as the reader, and each part has its own Kafka credentials."""
+    objects = _prod()
+    for name in ("cronstream-monitor", "cronstream-ui"):
+        for env in _container(objects, "Deployment", name)["env"]:
+            ref = env.get("valueFrom", {}).get("secretKeyRef", {})
+            if env["name"] == "CRONSTREAM_DATABASE_URL":
+                ref["name"] = "cronstream-database-owner"
+            elif env["name"].startswith("CRONSTREAM_KAFKA_SASL_"):
+                ref["name"] = "cronstream-kafka-scheduler"
+    found = "\n".join(invariants.problems(objects))
+    assert "cronstream-monitor/monitor: its database URL comes from the Secret cronstream-database-owner, " \
+           "not cronstream-database-writer" in found
+    assert "cronstream-ui/ui: its database URL comes from the Secret cronstream-database-owner" in found
+    assert "cronstream-ui/ui: CRONSTREAM_KAFKA_SASL_USERNAME comes from cronstream-kafka-scheduler, " \
+           "not cronstream-kafka-ui" in found
+
+
+def test_a_ui_token_beside_an_identity_header_is_refused() -> None:
+    objects = copy.deepcopy(render(*VARIANTS["prod+ui-oauth2-proxy"]))
+    ui = _container(objects, "Deployment", "cronstream-ui")
+    assert "CRONSTREAM_UI_TOKEN" not in {e["name"] for e in ui["env"]}, "the component removes it"
+    ui["env"].append({"name": "CRONSTREAM_UI_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "cronstream-ui", "key": "token"}}})
+    found = "\n".join(invariants.problems(objects))
+    assert "sets both CRONSTREAM_UI_IDENTITY_HEADER and CRONSTREAM_UI_TOKEN" in found
 
 
 def test_a_ui_on_loopback_is_refused() -> None:

@@ -6,7 +6,6 @@ acting identity recorded."""
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from datetime import UTC, datetime
 
@@ -14,9 +13,9 @@ import httpx
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, eventually, produce_json, read_all, sql
+from tests.support import csrf_of, eventually, produce_json, read_all, sql, start_ui
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-long-enough"
 YEARLY = "0 0 1 1 *"
 
 
@@ -27,12 +26,6 @@ def published(settings: Settings) -> dict[str, int]:
         ("job-definitions", topics.job_definitions))}
 
 
-def start_ui(processes: Processes, name: str, **env: str) -> str:
-    proc: ServiceProcess = processes.start("ui", name=name, extra_env=env)
-    proc.wait_for_log("action=http_serving")
-    return f"http://127.0.0.1:{proc.http_port()}"
-
-
 def awaiting_execution(settings: Settings, job_id: str) -> uuid.UUID:
     """A step parked in AWAITING_APPROVAL, as the monitor would have projected it."""
     execution, now = uuid.uuid4(), datetime.now(UTC)
@@ -40,14 +33,6 @@ def awaiting_execution(settings: Settings, job_id: str) -> uuid.UUID:
         "scheduled_at, attempt_number, last_event, updated_at) VALUES ($1, $2, $3, "
         "'AWAITING_APPROVAL', $4, 1, 'AWAITING_APPROVAL', $4)", execution, job_id, uuid.uuid4(), now)
     return execution
-
-
-def csrf_of(client: httpx.Client, base: str, path: str = "/login") -> str:
-    page = client.get(base + path)
-    assert page.status_code == 200
-    match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text)
-    assert match, "every form carries a CSRF token"
-    return match[1]
 
 
 def test_actions_without_credentials_or_csrf_are_refused_and_publish_nothing(

@@ -1,6 +1,6 @@
 """The live Runs view is pushed by PostgreSQL: a change to job_executions wakes the
 dashboard, which re-reads once for every watcher; with nobody watching, or nothing
-changing, it reads nothing."""
+changing, it reads nothing; a watcher who joins gets the view the others have."""
 
 from __future__ import annotations
 
@@ -61,14 +61,20 @@ def test_changes_wake_one_render_for_all_watchers_and_nothing_else_does(database
             streams = [hub.stream(), hub.stream()]
             for stream in streams:
                 assert await anext(stream) == "retry: 3000\n\n"
-                assert (await anext(stream)).startswith("event: runs\ndata: view")  # snapshot
-            snapshots = calls
+            snapshots = [asyncio.create_task(anext(stream)) for stream in streams]
+            for snapshot in snapshots:  # one read for both: the view every watcher shares
+                assert (await asyncio.wait_for(snapshot, 10)) == "event: runs\ndata: view 1\n\n"
+            assert hub.renders == 1 and calls == 1
+            late = hub.stream()  # nothing changed since: the same view, not another read
+            assert await anext(late) == "retry: 3000\n\n"
+            assert await anext(late) == "event: runs\ndata: view 1\n\n" and calls == 1
+            streams.append(late)
             await _touch_workers(database_url)  # not an execution: no notification
             await _insert_execution(database_url, "QUEUED")
             for stream in streams:
                 event = await asyncio.wait_for(anext(stream), 10)
-                assert event == f"event: runs\ndata: view {snapshots + 1}\n\n"
-            assert hub.renders == 1 and hub.notifications == 2, "one read for both watchers"
+                assert event == "event: runs\ndata: view 2\n\n"
+            assert hub.renders == 2 and hub.notifications == 2, "one read for all watchers"
             hub.close()
             for stream in streams:
                 await stream.aclose()

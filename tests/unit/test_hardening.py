@@ -32,7 +32,8 @@ from cronstream.shared.inbound import (
 from cronstream.shared.lanes import CallTimedOut, Lane, abandoned_lanes
 from cronstream.shared.logs import MAX_VALUE, LogfmtFormatter, log
 from cronstream.shared.records import JobDefinition, JobDue
-from cronstream.shared.settings import Settings, redact_url
+from cronstream.shared.redaction import redact_url
+from cronstream.shared.settings import Settings
 from cronstream.shared.topics import Topics
 
 TOPICS = Topics("t.", 3)

@@ -9,14 +9,11 @@
     return;
   }
   const state = document.getElementById("live-state");
-  const source = new EventSource(section.getAttribute("data-live"));
-  source.addEventListener("open", function () {
-    if (state) { state.classList.add("on"); state.classList.remove("off"); }
-  });
-  source.addEventListener("error", function () {
-    if (state) { state.classList.add("off"); state.classList.remove("on"); }
-  });
-  source.addEventListener("runs", function (event) {
+  let source = null;
+  function show(on) {
+    if (state) { state.classList.toggle("on", on); state.classList.toggle("off", !on); }
+  }
+  function render(event) {
     let view;
     try {
       view = JSON.parse(event.data);
@@ -36,6 +33,20 @@
     }
     document.body.setAttribute("data-live-updates",
       String(Number(document.body.getAttribute("data-live-updates") || "0") + 1));
-  });
-  window.addEventListener("pagehide", function () { source.close(); });
+  }
+  function connect() {
+    source = new EventSource(section.getAttribute("data-live"));
+    source.addEventListener("open", function () { show(true); });
+    source.addEventListener("runs", render);
+    source.addEventListener("error", function () {
+      show(false);
+      // A dropped stream reconnects by itself; a refused one (503: the server's stream
+      // cap) is closed for good: come back in 10 to 30 s, not all at once.
+      if (source.readyState === EventSource.CLOSED) {
+        window.setTimeout(connect, 10000 + Math.random() * 20000);
+      }
+    });
+  }
+  connect();
+  window.addEventListener("pagehide", function () { if (source) { source.close(); } });
 })();
