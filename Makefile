@@ -73,9 +73,9 @@ test-image: install ## Build the container image with buildah and run the end-to
 ui-screenshots: install chromium ## Refresh the dashboard screenshots in docs/ui/ (servers must be up)
 	CRONSTREAM_UI_SCREENSHOTS=1 $(BIN)/pytest tests/browser -q
 
-bench: install ## Benchmarks (figures printed and written to bench/results/)
+bench: install ## Benchmarks (figures printed, written to bench/results/ and docs/benchmarks.md)
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
-	@status=0; $(BIN)/python -m bench.run_all || status=$$?; \
+	@status=0; $(BIN)/python -m bench.run_all || status=$$?; $(BIN)/python -m bench.report; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy

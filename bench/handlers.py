@@ -17,3 +17,12 @@ def print10(ctx: Context) -> dict[str, Any]:
     for i in range(10):
         print(f"line {i} of execution {ctx.execution_id}")
     return ctx.params
+
+
+@handler("bench.sleep20")
+def sleep20(ctx: Context) -> dict[str, Any]:
+    """Sleeps 20 ms in a call (I/O-bound work): a worker's rate is at most its slots / 20 ms."""
+    import time
+
+    time.sleep(0.02)
+    return ctx.params

@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -41,7 +42,7 @@ from cronstream.ui import views
 from cronstream.ui.actions import ActionFailed, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
 from cronstream.ui.hosts import AllowedHosts, HostGuard
-from cronstream.ui.live import LiveHub, LiveResponse
+from cronstream.ui.live import CHANNELS, LiveHub, LiveResponse
 from cronstream.ui.present import FILTERS
 from cronstream.ui.store import DatabaseUnavailable, Store
 
@@ -78,6 +79,18 @@ class UI:
         self.hub = LiveHub(settings.database_url, self.render_live,
                            max_streams=settings.ui_live_streams,
                            max_streams_per_client=settings.ui_live_streams_per_client)
+
+    async def render_log(self, execution_id: UUID) -> str:
+        """The live log of one execution: its last lines, where it stands, its traceback
+        (HTML rendered and escaped here, as the page renders it)."""
+        data = await views.execution_log(self.store, execution_id)
+        macros = self.templates.env.get_template("_log.html").module
+        return json.dumps({
+            "lines": str(macros.lines(data["log"])),  # type: ignore[attr-defined]
+            "count": data["log_count"], "cut": data["log_cut"], "ended": data["log_ended"],
+            "live": data["log_live"], "traceback": data["traceback"] or "",
+            "status": data["status"],
+        })
 
     async def render_live(self) -> str:
         data = await views.runs(self.store)
@@ -284,6 +297,14 @@ async def runs_page(ui: UI, request: Request) -> Response:
 @page
 async def runs_live(ui: UI, request: Request) -> Response:
     return LiveResponse(ui.hub, Auth.client(request))
+
+
+@page
+async def execution_log_live(ui: UI, request: Request) -> Response:
+    execution_id = _uuid(request.path_params["execution_id"], "execution_id")
+    return LiveResponse(ui.hub, Auth.client(request), partial(
+        ui.hub.stream, key=f"log:{execution_id}", render=partial(ui.render_log, execution_id),
+        channels=CHANNELS, event="log"))
 
 
 @page
@@ -534,6 +555,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/runs/live", runs_live),
         Route("/runs/{run_id}", dag_page),
         Route("/executions/{execution_id}", execution_page),
+        Route("/executions/{execution_id}/log/live", execution_log_live),
         Route("/executions/{execution_id}/cancel", cancel, methods=["POST"]),
         Route("/executions/{execution_id}/approve", approve, methods=["POST"]),
         Route("/executions/{execution_id}/reject", reject, methods=["POST"]),

@@ -1,17 +1,19 @@
-"""Live runs: one renderer for every watching browser, woken by PostgreSQL.
+"""Live views: one renderer per view for every watching browser, woken by PostgreSQL.
 
-The monitor's writes to `job_executions` notify the channel `cronstream_executions`
-(a statement trigger, migration 0006). The hub LISTENs on one connection of its own;
-a notification marks the view dirty, and the hub re-reads and re-renders the Runs view
-once — at most every `min_interval` seconds, however many executions changed and
-however many browsers watch — and only while at least one browser watches. When
-nothing runs, nothing is notified and nothing is read. If the LISTEN connection is
-lost, the hub falls back to re-reading every `fallback_interval` seconds (again only
-while someone watches) until it is back.
+The views: the Runs page (`runs`), and the log of each execution someone watches
+(`log:<execution_id>`, the execution page). The monitor's writes to `job_executions`
+notify the channel `cronstream_executions` (a statement trigger, migration 0006), its
+writes to `execution_logs` the channel `cronstream_logs` (migration 0007). The hub
+LISTENs on one connection of its own; a notification marks the views that follow its
+channel dirty, and the hub re-reads and re-renders each of them once — at most every
+`min_interval` seconds, however many rows changed and however many browsers watch — and
+only while at least one browser watches it. When nothing runs, nothing is notified and
+nothing is read. If the LISTEN connection is lost, the hub falls back to re-reading every
+`fallback_interval` seconds (again only views someone watches) until it is back.
 
-A browser that connects gets the view every watcher has, when nothing changed since it
-was rendered; otherwise it waits for the next render, shared with everyone who joined
-meanwhile. So a reconnect storm (a proxy restarted, a deploy) costs at most one render
+A browser that connects gets the view every watcher of it has, when nothing changed
+since it was rendered; otherwise it waits for the next render, shared with everyone who
+joined meanwhile. So a reconnect storm (a proxy restarted, a deploy) costs at most one render
 per tick, never one per connection. Streams are capped per process and per client
 address (`admit`); beyond a cap the endpoint answers 503 with Retry-After, and the
 dashboard's script tries again later (docs/decisions/0041).
@@ -25,6 +27,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -37,17 +40,35 @@ from cronstream.shared.logs import log
 logger = logging.getLogger(__name__)
 
 CHANNEL = "cronstream_executions"
+LOG_CHANNEL = "cronstream_logs"
+CHANNELS = (CHANNEL, LOG_CHANNEL)
+RUNS = "runs"
+Render = Callable[[], Awaitable[str]]
 # A refused stream is asked to come back after this many seconds, plus up to as many again
 # at random: reconnects after a storm spread out instead of arriving together.
 RETRY_AFTER_SECONDS = 10
 
 
+@dataclass
+class _View:
+    """One live view: how it is rendered, the channels that change it, who watches it."""
+
+    render: Render
+    channels: frozenset[str]
+    event: str
+    subscribers: set[asyncio.Queue[str]] = field(default_factory=set)
+    changes: int = 0  # notifications of its channels
+    dirty: bool = False
+    latest: str | None = None
+    latest_as_of: int = -1  # `changes` when `latest` was read
+
+
 class LiveHub:
-    def __init__(self, dsn: str, render: Callable[[], Awaitable[str]],
+    def __init__(self, dsn: str, render: Render,
                  min_interval: float = 0.5, fallback_interval: float = 5.0, *,
                  max_streams: int = 500, max_streams_per_client: int = 8) -> None:
         self.dsn = dsn
-        self.render = render
+        self._views: dict[str, _View] = {RUNS: _View(render, frozenset({CHANNEL}), "runs")}
         self.min_interval = min_interval
         self.fallback_interval = fallback_interval
         self.max_streams = max_streams
@@ -55,10 +76,7 @@ class LiveHub:
         self.renders = 0        # times the view was read, for every watcher at once
         self.notifications = 0  # changes PostgreSQL announced
         self.refused = 0        # streams refused by a cap
-        self._latest: str | None = None
-        self._latest_as_of = -1  # self.notifications when _latest was read
         self._clients: Counter[str] = Counter()
-        self._subscribers: set[asyncio.Queue[str]] = set()
         self._dirty = asyncio.Event()
         self._closing = asyncio.Event()
         self._listening = False
@@ -66,7 +84,7 @@ class LiveHub:
 
     @property
     def subscribers(self) -> int:
-        return len(self._subscribers)
+        return sum(len(view.subscribers) for view in self._views.values())
 
     @property
     def streams(self) -> int:
@@ -89,10 +107,10 @@ class LiveHub:
         if self._clients[client] <= 0:
             del self._clients[client]
 
-    def _current(self) -> str | None:
+    def _current(self, view: _View) -> str | None:
         """The rendered view, if nothing changed since (as far as a LISTEN can tell)."""
-        if self._listening and self._latest_as_of == self.notifications:
-            return self._latest
+        if self._listening and view.latest_as_of == view.changes:
+            return view.latest
         return None
 
     def start(self) -> None:
@@ -102,9 +120,10 @@ class LiveHub:
     def close(self) -> None:
         """Ends every stream (so that the server can shut down) and the hub's tasks."""
         self._closing.set()
-        for queue in list(self._subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait("")
+        for view in list(self._views.values()):
+            for queue in list(view.subscribers):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait("")
         for task in self._tasks:
             task.cancel()
 
@@ -112,8 +131,18 @@ class LiveHub:
     def closing(self) -> bool:
         return self._closing.is_set()
 
-    def _notified(self, *_: Any) -> None:
+    def _notified(self, _conn: Any, _pid: int, channel: str, _payload: Any) -> None:
         self.notifications += 1
+        for view in self._views.values():
+            if channel in view.channels:
+                view.changes += 1
+                view.dirty = True
+        self._dirty.set()
+
+    def _everything_changed(self) -> None:
+        for view in self._views.values():
+            view.dirty = True
+            view.latest_as_of = -1  # rendered before this LISTEN: may be stale
         self._dirty.set()
 
     async def _listen(self) -> None:
@@ -125,11 +154,11 @@ class LiveHub:
                 conn = await asyncpg.connect(self.dsn, timeout=5)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())  # type: ignore[misc]
-                await conn.add_listener(CHANNEL, self._notified)
+                for channel in CHANNELS:
+                    await conn.add_listener(channel, self._notified)
                 self._listening, backoff = True, 1.0
-                self._latest_as_of = -1  # rendered before this LISTEN: may be stale
-                log(logger, "live_listening", channel=CHANNEL)
-                self._dirty.set()  # whatever changed while not listening
+                log(logger, "live_listening", channels=",".join(CHANNELS))
+                self._everything_changed()  # whatever changed while not listening
                 await lost.wait()
             except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                 log(logger, "live_listen_failed", logging.WARNING, error=str(exc))
@@ -147,38 +176,61 @@ class LiveHub:
             timeout = None if self._listening else self.fallback_interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout)
-            if not self._subscribers:
-                # Nobody watches: forget the change; a new subscriber gets a fresh render.
-                self._dirty.clear()
-                if not self._listening:
-                    await asyncio.sleep(self.fallback_interval)
-                continue
             self._dirty.clear()
-            as_of = self.notifications
-            try:
-                payload = await self.render()
-            except Exception as exc:  # the database went away: try again at the next change
-                log(logger, "live_render_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+            if not self._listening:
+                self._everything_changed()
+                self._dirty.clear()
+            watched = False
+            for key, view in list(self._views.items()):
+                if not view.subscribers:
+                    # Nobody watches: forget the change; a new subscriber gets a fresh render.
+                    view.dirty = False
+                    if key != RUNS:
+                        del self._views[key]
+                    continue
+                watched = True
+                if view.dirty:
+                    await self._render(view)
+            if not watched and not self._listening:
                 await asyncio.sleep(self.fallback_interval)
-                continue
-            self.renders += 1
-            metrics.UI_LIVE_RENDERS.inc()
-            self._latest, self._latest_as_of = payload, as_of
-            for queue in list(self._subscribers):
-                _offer(queue, payload)
-            await asyncio.sleep(self.min_interval)  # coalesce bursts of notifications
+            elif watched:
+                await asyncio.sleep(self.min_interval)  # coalesce bursts of notifications
 
-    async def stream(self, keepalive: float = 15.0) -> AsyncIterator[str]:
-        """Server-sent events for one browser: the current view, then each re-render."""
+    async def _render(self, view: _View) -> None:
+        view.dirty = False
+        as_of = view.changes
+        try:
+            payload = await view.render()
+        except Exception as exc:  # the database went away: try again at the next change
+            log(logger, "live_render_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+            view.dirty = True
+            await asyncio.sleep(self.fallback_interval)
+            return
+        self.renders += 1
+        metrics.UI_LIVE_RENDERS.inc()
+        view.latest, view.latest_as_of = payload, as_of
+        for queue in list(view.subscribers):
+            _offer(queue, payload)
+
+    async def stream(self, keepalive: float = 15.0, key: str = RUNS, render: Render | None = None,
+                     channels: tuple[str, ...] = CHANNELS, event: str = "runs") -> AsyncIterator[str]:
+        """Server-sent events for one browser: the current view `key` (made with `render`
+        when nobody watches it yet), then each re-render."""
+        view = self._views.get(key)
+        if view is None:
+            if render is None:
+                raise KeyError(key)
+            view = self._views[key] = _View(render, frozenset(channels), event)
         queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
-        self._subscribers.add(queue)
+        view.subscribers.add(queue)
         try:
             yield "retry: 3000\n\n"
-            current = self._current()
+            current = self._current(view)
             if current is not None:
-                yield _event(current)
+                yield _event(view.event, current)
             else:
-                self._dirty.set()  # one render, for everyone who joins before it
+                view.dirty = True  # one render, for everyone who joins before it
+                self._dirty.set()
             while not self._closing.is_set():
                 try:
                     payload = await asyncio.wait_for(queue.get(), keepalive)
@@ -187,9 +239,9 @@ class LiveHub:
                     continue
                 if self._closing.is_set():
                     break
-                yield _event(payload)
+                yield _event(view.event, payload)
         finally:
-            self._subscribers.discard(queue)
+            view.subscribers.discard(queue)
 
 
 def _offer(queue: asyncio.Queue[str], payload: str) -> None:
@@ -200,21 +252,23 @@ def _offer(queue: asyncio.Queue[str], payload: str) -> None:
         queue.put_nowait(payload)
 
 
-def _event(payload: str) -> str:
+def _event(name: str, payload: str) -> str:
     lines = "".join(f"data: {line}\n" for line in payload.splitlines() or [""])
-    return f"event: runs\n{lines}\n"
+    return f"event: {name}\n{lines}\n"
 
 
 class LiveResponse(Response):
-    """`/runs/live` for one client: admitted by the hub's caps or refused with 503 and
-    Retry-After, and its slot given back however the stream ends (the response object
-    is what the server runs, so its `finally` runs even for a client gone before the
-    first byte)."""
+    """A live stream for one client (`/runs/live`, `/executions/<id>/log/live`): admitted
+    by the hub's caps or refused with 503 and Retry-After, and its slot given back however
+    the stream ends (the response object is what the server runs, so its `finally` runs
+    even for a client gone before the first byte)."""
 
-    def __init__(self, hub: LiveHub, client: str) -> None:
+    def __init__(self, hub: LiveHub, client: str, stream: Callable[[], AsyncIterator[str]] | None = None
+                 ) -> None:
         super().__init__()
         self.hub = hub
         self.client = client
+        self.events = stream or hub.stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.hub.admit(self.client):
@@ -225,7 +279,7 @@ class LiveResponse(Response):
             await refused(scope, receive, send)
             return
         try:
-            streaming = StreamingResponse(self.hub.stream(), media_type="text/event-stream",
+            streaming = StreamingResponse(self.events(), media_type="text/event-stream",
                                           headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
             await streaming(scope, receive, send)
         finally:

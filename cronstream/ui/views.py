@@ -30,6 +30,7 @@ TIMELINE_JOBS = 25
 TIMELINE_BUCKETS = 240
 TIMELINE_HOURS = (6, 24, 72, 168)
 FINAL = {"COMPLETED", "PERMANENTLY_FAILED", "CANCELLED", "SKIPPED"}
+LOG_LINES_SHOWN = 1000  # the execution page's log: its last lines
 STATUSES: tuple[str, ...] = ExecutionStatus.__args__  # type: ignore[attr-defined]
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -170,6 +171,26 @@ async def execution(store: Store, execution_id: UUID) -> dict[str, Any]:
         "attempts": await store.fetch("run_attempts", row["run_id"], row["job_id"]),
         "result_truncated": (row["result_chars"] or 0) > RESULT_CHARS,
         "now": datetime.now(UTC),
+        **await execution_log(store, execution_id),
+    }
+
+
+async def execution_log(store: Store, execution_id: UUID) -> dict[str, Any]:
+    """The tail of an execution's log, where it stands and its traceback (the execution
+    page and its live log)."""
+    state = await store.fetchrow("execution_log_state", execution_id)
+    lines = await store.fetch("execution_log_tail", execution_id, LOG_LINES_SHOWN)
+    if state is None:
+        return {"log": lines, "log_count": 0, "log_cut": False, "log_ended": False,
+                "log_live": False, "traceback": None, "status": None}
+    total = state["lines"]
+    return {
+        "status": state["status"],
+        "log": lines, "log_count": total, "log_cut": total > len(lines),
+        "log_ended": state["ended"],
+        # Live until the execution is final and its log whole (or it wrote nothing).
+        "log_live": state["status"] not in TERMINAL or bool(total and not state["ended"]),
+        "traceback": state["traceback"],
     }
 
 

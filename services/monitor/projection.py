@@ -96,13 +96,15 @@ class ExecutionPatch:
             self.progress = event.progress
             self.progress_message = event.progress_message
             self.worker_id = event.worker_id or self.worker_id
-            self.started_at = self.started_at or event.started_at
+            self.started_at = event.started_at or self.started_at
         else:  # AWAITING_APPROVAL and the terminal statuses
             self.status = status
             if status in TERMINAL:
                 self.completed_at = event.completed_at or event.occurred_at
             self.worker_id = event.worker_id or self.worker_id
-            self.started_at = self.started_at or event.started_at
+            # A worker's later events carry when the handler began, which may be after its
+            # RUNNING (claimed ahead, started as a slot freed: decision 0029).
+            self.started_at = event.started_at or self.started_at
         self.reason = event.reason or self.reason
         self.idempotency_key = event.idempotency_key or self.idempotency_key
         if event.job is not None:

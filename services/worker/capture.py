@@ -59,10 +59,18 @@ def clip(text: str, most: int) -> str:
     return text if len(data) <= most else data[:most].decode("utf-8", "ignore")
 
 
+_WORKER = os.path.dirname(os.path.abspath(__file__))
+
+
 def format_traceback(exc: BaseException) -> str:
-    """The traceback of `exc` with its chained causes, as Python prints it; a very long
+    """The traceback of `exc` with its chained causes, as Python prints it, from the
+    handler's frame on (the worker's own frames that called it are left out); a very long
     one keeps its start and its end (where the error was raised)."""
-    text = "".join(traceback.format_exception(exc))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            os.path.dirname(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _WORKER:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
     data = text.encode()
     if len(data) <= TRACEBACK_BYTES:
         return text

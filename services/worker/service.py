@@ -84,20 +84,26 @@ logger = logging.getLogger(__name__)
 SERVICE = "worker"
 PROGRESS_INTERVAL = 1.0  # seconds between PROGRESS events of one execution
 PRIORITY_FILL_SECONDS = 0.5  # after an assignment, buffer this long before the first start
-# Turns (transactions) start at least this far apart: under load a turn carries the starts
-# and ends of many executions instead of one transaction each (a transaction costs the
-# broker far more than a record: bench.transactions); idle, nothing waits for it. Records
-# held for their scheduled_at (fires committed ahead) keep this cadence too: each turn
-# starts every one due by then, instead of a transaction per record as it comes due. At
-# 3,000 executions/s, 50 ms instead of 20 ms (and held records no longer waking a turn of
-# their own) took a worker from ~33 to ~20 transactions/s, and 100 ms to ~10 (decision
-# 0012): a start waits up to this long past its instant (start lag p99 ~115 ms).
+# Turns (transactions) start at most this far apart under load: a turn then carries the
+# claims and ends of many executions instead of one transaction each (a transaction costs
+# the broker far more than a record: bench.transactions). At 3,000 executions/s, 100 ms
+# took a worker from ~33 to ~10 transactions/s (decision 0012). The cadence bounds no
+# rate: a worker claims ahead what its slots will run until the turn after next, and
+# starts it as slots free (slots.py).
 TURN_GAP_SECONDS = 0.1
-# ...but when the slots, not the cadence, held back the last turn's starts (records were
-# waiting and every slot was taken), the next turn may come this soon: a slot is only
-# refilled at a turn, so a worker's rate is at most its slots per turn gap (8 slots, the
-# default, at 100 ms: 80 executions/s of short handlers; at this gap 400).
-SLOT_BOUND_TURN_GAP_SECONDS = 0.02
+# The gap follows the load (decision 0029): in proportion to the records a worker's turns
+# carry a second, the whole gap from FULL_RECORDS_PER_SECOND on (~500 executions/s: an
+# execution is a claim and an end), never less than MIN_TURN_GAP_SECONDS. The first
+# record after a quiet gap starts at once: idle and under a light load, starts go out as
+# they come; at 100 executions/s a worker turns every ~20 ms, at 500/s every 100 ms.
+FULL_RECORDS_PER_SECOND = 1000.0
+MIN_TURN_GAP_SECONDS = 0.01
+
+
+def turn_gap(records_per_second: float) -> float:
+    """The gap before the next turn, at a load of `records_per_second` (FULL_RECORDS_PER_SECOND)."""
+    return max(MIN_TURN_GAP_SECONDS,
+               TURN_GAP_SECONDS * min(1.0, records_per_second / FULL_RECORDS_PER_SECOND))
 
 
 class Runner(Protocol):
@@ -140,7 +146,9 @@ class WorkerService:
         self._paused = False
         self._fill_until = 0.0
         self._last_turn = 0.0
-        self._turn_gap = TURN_GAP_SECONDS  # until the next turn (_turn)
+        self._turn_gap = MIN_TURN_GAP_SECONDS  # until the next turn (_turn: by the load)
+        self._commit_seconds = 0.01  # how long a turn's commit takes, recently
+        self._load = 0.0  # records a second in the turns, recently
         self._assignments = 0  # bumped by every rebalance callback
         # Since when the worker has waited for an assignment (subscribed or revoked, no
         # assignment since); None while it holds one (even an empty one).
@@ -334,15 +342,15 @@ class WorkerService:
             running=len(self.slots))
 
     async def _turn(self, starting: bool) -> None:
-        """One transaction: new starts (with offsets), finished executions, progress."""
+        """One transaction: new claims (with their offsets), finished executions, progress."""
         batch = self.inbound.batch([])
         records: list[OutRecord] = []
-        # A slot frees when its handler returns, not when its report commits: the report
-        # and the next start share this transaction.
-        free = self.slots.free() if starting and self.status == "ACTIVE" else 0
-        if time.monotonic() < self._fill_until:
-            free = 0
-        starts = self._take_starts(free, batch, records)
+        # As many claims as the slots will run until the turn after next (slots.py). A slot
+        # frees when its handler returns, not when its report commits.
+        claims = 0
+        if starting and self.status == "ACTIVE" and time.monotonic() >= self._fill_until:
+            claims = self.slots.claimable(TURN_GAP_SECONDS + self._commit_seconds)
+        starts = self._take_starts(claims, batch, records)
         records.extend(batch.dead)
         finished = self.slots.take_finished()
         for done in finished:
@@ -351,12 +359,17 @@ class WorkerService:
         records.extend(progress)
         if not records and not batch.next_offsets:
             return
-        self._last_turn = time.monotonic()
+        began = time.monotonic()
+        since = max(began - self._last_turn, MIN_TURN_GAP_SECONDS)
+        self._load += 0.3 * (min(len(records) / since, 10 * FULL_RECORDS_PER_SECOND) - self._load)
+        self._turn_gap = turn_gap(self._load)
+        self._last_turn = began
         self.slots.committing(starts)
         try:
             committed = await self._commit(records, batch.offsets())
         finally:
             self.slots.committed()
+        self._commit_seconds += 0.1 * (time.monotonic() - began - self._commit_seconds)
         if not committed:
             self.slots.give_back(finished)
             for run in starts:
@@ -367,22 +380,21 @@ class WorkerService:
         for done in finished:
             count_finished(done)
             done.running.hop.end(done.outcome.error if done.status != "COMPLETED" else None)
-        self._start(starts)
-        metrics.WORKER_SLOTS_BUSY.set(len(self.slots))
+        for run in starts:
+            self.slots.claim(run)
+        self._fill()
+        metrics.WORKER_SLOTS_BUSY.set(self.slots.busy())
         metrics.WORKER_BUFFERED.set(len(self.intake))
 
-    def _take_starts(self, free: int, batch: Batch, records: list[OutRecord]) -> list[Running]:
-        """Up to `free` buffered records to start in this turn (their RUNNING events added
-        to `records`, their offsets to `batch`); sets the gap before the next turn."""
+    def _take_starts(self, claims: int, batch: Batch, records: list[OutRecord]) -> list[Running]:
+        """Up to `claims` buffered records to claim in this turn (their RUNNING events added
+        to `records`, their offsets to `batch`)."""
         starts: list[Running] = []
         now = now_utc()
         self.intake.begin()
-        self._turn_gap = TURN_GAP_SECONDS
         read = partial(batch.read, decode_due)
         while True:
-            if free <= len(starts):
-                if free > 0 and self.intake.waiting():
-                    self._turn_gap = SLOT_BOUND_TURN_GAP_SECONDS
+            if claims <= len(starts):
                 return starts
             head = self.intake.next(read, now)
             if head is None:
@@ -400,12 +412,17 @@ class WorkerService:
             starts.append(run)
             records.append(self.reporter.running(run))
 
-    def _start(self, starts: list[Running]) -> None:
-        """Run what this turn's commit started: on the spot when the runner can (inline
-        synchronous handlers), else as a task."""
-        for run in starts:
-            self.slots.start(run)
+    def _fill(self) -> None:
+        """Start claimed executions while slots are free: on the spot when the runner can
+        (inline synchronous handlers), else as a task. Between turns, no transaction: the
+        claim committed their RUNNING."""
+        while (run := self.slots.next_start()) is not None:
+            run.started_at = now_utc()
             count_started(run)
+            if run.cancel.is_set():  # cancelled (or drained) after its claim, before it began
+                self._finish(run, Outcome("CANCELLED", error="cancelled before it started"),
+                             ran=False)
+                continue
             outcome = self._run_now(run)
             if outcome is None:
                 run.task = asyncio.create_task(self._execute(run))
@@ -506,9 +523,10 @@ class WorkerService:
                                                          "execution_id": str(run.due.execution_id)})
             outcome = Outcome("FAILED", error=f"worker error: {exc}")
         self._finish(run, outcome)
+        self._fill()
         self._wake.set()
 
-    def _finish(self, run: Running, outcome: Outcome) -> None:
+    def _finish(self, run: Running, outcome: Outcome, ran: bool = True) -> None:
         """Its handler returned (or was stopped): the slot is free, and its end, with the
         last batch of its log, goes out with the next turn."""
         done = Finished(run, outcome, now_utc())
@@ -516,7 +534,7 @@ class WorkerService:
         if outcome.status != "COMPLETED" and outcome.traceback is None:
             note = f"[{outcome.status}] {outcome.error}"  # killed, timed out, cancelled
         done.log = self.logs.final(run, note, outcome.traceback)
-        self.slots.finish(done)
+        self.slots.finish(done, (done.completed_at - run.started_at).total_seconds() if ran else None)
 
     def _progress(self, run: Running, percent: float, message: str | None) -> None:
         if run.due.execution_id not in self.slots:
@@ -539,6 +557,11 @@ class WorkerService:
         await self._heartbeats.last("DRAINING")
         await self._set_paused(True)
         self.intake.clear()  # not committed: the partitions' next owner reads them again
+        # Claimed and not started: they never will be here, and run elsewhere at once.
+        unstarted = self.slots.unstarted()
+        if unstarted and await self._commit(
+                [r for run in unstarted for r in self.reporter.requeued(run, "worker drained")], []):
+            self.slots.forget(unstarted)
         log(logger, "worker_draining", worker_id=self.worker_id, running=len(self.slots),
             grace_seconds=self.settings.worker_drain_grace_seconds)
         deadline = time.monotonic() + self.settings.worker_drain_grace_seconds

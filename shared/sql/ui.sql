@@ -140,6 +140,30 @@ WHERE execution_id = $1
 ORDER BY kafka_partition, kafka_offset
 LIMIT $2;
 
+-- name: execution_log_tail
+-- The last $2 lines of an execution's log (its traceback aside), oldest first, each cut for
+-- the page; the whole log: `cronstream logs`.
+SELECT * FROM (
+    SELECT delivery, seq, at, stream, level, left(line, 20000) AS line
+    FROM execution_logs
+    WHERE execution_id = $1 AND stream <> 'traceback'
+    ORDER BY delivery DESC, seq DESC
+    LIMIT $2) tail
+ORDER BY delivery, seq;
+
+-- name: execution_log_state
+-- How many lines an execution's log has, whether its latest delivery's log ended, and its
+-- latest traceback.
+SELECT e.status,
+       (SELECT count(*) FROM execution_logs l
+        WHERE l.execution_id = e.execution_id AND l.stream <> 'traceback') AS lines,
+       EXISTS (SELECT 1 FROM execution_log_ends x
+               WHERE x.execution_id = e.execution_id AND x.delivery = e.delivery) AS ended,
+       (SELECT left(line, 70000) FROM execution_logs t
+        WHERE t.execution_id = e.execution_id AND t.stream = 'traceback'
+        ORDER BY delivery DESC, seq DESC LIMIT 1) AS traceback
+FROM job_executions e WHERE e.execution_id = $1;
+
 -- name: run_attempts
 -- Every execution of one job in one run (its attempts).
 SELECT execution_id, status, attempt_number, scheduled_at, started_at, completed_at, worker_id

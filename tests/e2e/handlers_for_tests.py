@@ -149,3 +149,16 @@ def inline_print(ctx: Context) -> str:
     print(f"inline {ctx.execution_id}")
     logging.getLogger("tests.inline").warning("inline warning %s", ctx.execution_id)
     return "printed"
+
+
+@handler("test.print-then-fail")
+def print_then_fail(ctx: Context) -> None:
+    """Prints params.lines lines params.every seconds apart (one of them markup that must
+    stay text), logs a warning, then fails."""
+    import logging
+
+    for i in range(int(ctx.params.get("lines", 6))):
+        print(f"step {i}" if i != 2 else "<script>window.__injected = 1</script><b>bold?</b>")
+        time.sleep(float(ctx.params.get("every", 0.5)))
+    logging.getLogger("tests.browser").warning("about to fail")
+    raise ValueError(f"region {ctx.params.get('region', 'eu')!r} is not served")

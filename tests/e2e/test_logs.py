@@ -126,3 +126,36 @@ def test_a_flood_is_cut_at_the_limit_while_the_rest_carries_on(
     stdout_bytes = sum(len(r["line"].encode()) for r in kept if r["stream"] == "stdout")
     assert 1_000_000 <= stdout_bytes <= 1 << 20
     assert kept[-1]["stream"] == "cronstream" and "[log cut]" in kept[-1]["line"]
+
+
+def test_a_killed_workers_shipped_lines_stay_and_the_next_delivery_logs_after_them(
+    processes: Processes, topics: Settings,
+) -> None:
+    """SIGKILL mid-run: what the first worker had shipped is kept, as delivery 1; the
+    execution is re-queued and runs again elsewhere, its lines as delivery 2 after them."""
+    processes.system(workers=0)
+    first = processes.worker("w1")
+    run_now(topics, "long-printer", "test.print-lines", params={"lines": 12, "every": 0.25})
+    running = eventually(lambda: execution(topics, "long-printer", "RUNNING"), 40, message="RUNNING")
+    execution_id = running["execution_id"]
+
+    def shipped() -> int:
+        return int(sql(topics.database_url, "SELECT count(*) AS n FROM execution_logs WHERE "
+                                            "execution_id = $1 AND delivery = 1", execution_id)[0]["n"])
+
+    eventually(lambda: shipped() >= 3, 30, message="some lines of delivery 1 projected")
+    first.kill()
+    kept = shipped()
+    processes.worker("w2")
+    done = eventually(lambda: execution(topics, "long-printer", "COMPLETED"), 60,
+                      message="re-queued and completed elsewhere")
+    assert done["delivery"] == 2 and done["worker_id"] == "w2"
+    eventually(lambda: log_ended(topics, execution_id), 20)
+    lines = [json.loads(line) for line in cli(topics, "logs", str(execution_id), "-o", "json").stdout.splitlines()]
+    deliveries = [line["delivery"] for line in lines]
+    assert deliveries == sorted(deliveries)  # delivery 1's lines, then delivery 2's
+    before_kill = [line["text"].split(" at ")[0] for line in lines if line["delivery"] == 1]
+    assert len(before_kill) >= kept >= 3  # what it had shipped is kept (and in order)
+    assert before_kill == [f"line {i}" for i in range(len(before_kill))]
+    assert [line["text"].split(" at ")[0] for line in lines if line["delivery"] == 2] == \
+        [f"line {i}" for i in range(12)]

@@ -165,11 +165,10 @@ def test_sigterm_drains_the_running_job_then_reports_offline(
 def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_back(
     processes: Processes, topics: Settings,
 ) -> None:
-    """A backlog pauses a new worker's intake (its buffer reaches twice its limit while
-    it only buffers, for half a second, so that the highest tier starts first; then
-    every slot is held); a second worker joins, and the first gets part of its
-    partitions back, its buffer emptied by the revocation: every execution still runs,
-    on both workers. (librdkafka keeps a
+    """A backlog pauses a worker's intake (every slot held by a long handler, its buffer
+    reaches twice its limit: it claims nothing ahead behind runs that outlast the usual
+    duration); a second worker joins, and the first gets part of its partitions back, its
+    buffer emptied by the revocation: every execution still runs, on both workers. (librdkafka keeps a
     partition paused through revocation and re-assignment; whether a worker resumes
     before or after it is given partitions back depends on the rebalance's timing — the
     unit test `test_partitions_given_back_by_a_rebalance_are_fetched_again_after_a_pause`
@@ -186,12 +185,15 @@ def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_bac
         producer.produce(topics.topics.work(priority, "default"), record.to_json(), job_id.encode())
 
     for i in range(4):  # every slot of the first worker, held for a while
-        due(f"hold-{i}", "sleep", {"seconds": 6, "blocking": True}, "high")
-    for i in range(backlog):
+        due(f"hold-{i}", "sleep", {"seconds": 8, "blocking": True}, "high")
+    assert producer.flush(30) == 0
+    first = processes.worker("w1", "--concurrency", "4")
+    eventually(lambda: sql(topics.database_url, "SELECT count(*) AS n FROM job_executions "
+                           "WHERE status = 'RUNNING' AND job_id LIKE 'hold-%'")[0]["n"] == 4, 30,
+               message="every slot of w1 held")
+    for i in range(backlog):  # what w1 can only buffer: it pauses
         due(f"backlog-{i}", "noop", {}, "normal")
     assert producer.flush(30) == 0
-
-    first = processes.worker("w1", "--concurrency", "4")
     first.wait_for_log("action=intake_paused", timeout=30)
     processes.worker("w2")
     first.wait_for_log("action=partitions_assigned", count=2, timeout=30)

@@ -32,6 +32,17 @@ def test_lifecycle_accumulates_fields() -> None:
     assert patch.completed_at == T0 + timedelta(seconds=3) and patch.result == '{"ok":1}'
 
 
+def test_started_at_is_when_the_handler_began_not_when_it_was_claimed() -> None:
+    """A worker claims ahead (decision 0029): its RUNNING says when it claimed the
+    execution, its end says when the handler began, which the row keeps."""
+    claimed, began = T0 + timedelta(seconds=1), T0 + timedelta(seconds=1.08)
+    patch = fold([event("RUNNING", 1, worker_id="w1", started_at=claimed),
+                  event("COMPLETED", 2, worker_id="w1", started_at=began)])[EXECUTION]
+    assert patch.started_at == began
+    patch = fold([event("RUNNING", 1, worker_id="w1", started_at=claimed)])[EXECUTION]
+    assert patch.started_at == claimed  # until then, the claim
+
+
 def test_terminal_is_final() -> None:
     patch = fold([event("RUNNING", 1, worker_id="w1"), event("CANCELLED", 2, worker_id="w1"),
                   event("COMPLETED", 3, worker_id="w1")])[EXECUTION]

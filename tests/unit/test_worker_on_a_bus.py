@@ -12,14 +12,16 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from confluent_kafka import Message, TopicPartition
 
+from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
 from cronstream.shared.kafka import OFFSET_BEGINNING, OutRecord
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
-from tests.unit.bus import MemoryBus, MemoryProducer, clients
+from tests.unit.bus import MemoryBus, MemoryIdempotentProducer, MemoryProducer, clients
 
 SETTINGS = Settings(topic_prefix="u.", topic_partitions=3, worker_id="w1")
 T = SETTINGS.topics
@@ -264,16 +266,14 @@ def test_a_fire_committed_ahead_starts_at_its_scheduled_time_not_before() -> Non
     asyncio.run(scenario())
 
 
-def test_held_records_coming_due_one_by_one_start_in_turns_a_turn_gap_apart() -> None:
+def test_held_records_coming_due_one_by_one_start_in_turns_not_one_each() -> None:
     """Fires committed ahead arrive before their time and come due one after another (jobs
     spread over the second). Each must start at or after its scheduled_at — and a turn
     starts every record due by then: a transaction costs the broker milliseconds whatever
     it holds, so one per record as it comes due would cost a transaction per execution."""
-    from cronstream.services.worker.service import TURN_GAP_SECONDS
-
     async def scenario() -> None:
         bus = MemoryBus()
-        service, producer, runner = worker(bus, concurrency=64)  # the cadence spaces the turns
+        service, producer, runner = worker(bus, concurrency=64)
         producer.gate.set()
         runner.release.set()  # handlers return at once
         first = datetime.now(UTC) + timedelta(milliseconds=100)
@@ -288,9 +288,98 @@ def test_held_records_coming_due_one_by_one_start_in_turns_a_turn_gap_apart() ->
         started = {e["execution_id"]: datetime.fromisoformat(e["started_at"])
                    for e in bus.values(T.execution_events) if e["status"] == "RUNNING"}
         assert all(started[str(d.execution_id)] >= d.scheduled_at for d in dues)
-        # 300 ms of fires in turns at least TURN_GAP_SECONDS apart (and one for the
-        # offsets of the first read): far fewer transactions than records.
-        assert producer.transactions <= spread / timedelta(seconds=TURN_GAP_SECONDS) + 3
+        # 60 fires, a claim and an end each: far fewer transactions than records.
+        assert producer.transactions <= count // 4
         await stop(service, loop, stopping, runner)
 
     asyncio.run(scenario())
+
+
+class QuickRunner(HeldRunner):
+    """Handlers that return at their first await (short handlers of a pool), each
+    noting how many ran at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = 0
+        self.most = 0
+
+    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+                  trace: Any = None, lines: Any = None) -> Outcome:
+        self.started.append(due.execution_id)
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await asyncio.sleep(0.001)
+        self.running -= 1
+        return Outcome("COMPLETED")
+
+
+def test_short_handlers_keep_every_slot_busy_between_turns() -> None:
+    """`--concurrency` is how many handlers run at once, not how many start per turn: a
+    worker of 2 slots used to start at most 2 executions a turn (80 a second at the
+    default 8 slots and 100 ms turns). It claims ahead what its slots will run before the
+    turn after next and starts each as a slot frees, without a transaction."""
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, _ = worker(bus, concurrency=2)
+        runner = service.runner = QuickRunner()
+        producer.gate.set()
+        count = 300
+        for _ in range(count):
+            due_on(bus, 0)
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+        await until(lambda: len(runner.started) == count)
+        await until(lambda: len([e for e in bus.values(T.execution_events)
+                                 if e["status"] == "COMPLETED"]) == count)
+        assert runner.most == 2  # never more at once than its slots
+        # One claim per slot and turn would have taken 150 turns.
+        assert producer.transactions < count // 10
+        # Every execution RUNNING once, on this worker, committed before it began.
+        assert len([e for e in bus.values(T.execution_events) if e["status"] == "RUNNING"]) == count
+        await stop(service, loop, stopping, runner)
+
+    asyncio.run(scenario())
+
+
+def test_claims_not_started_are_requeued_at_once_when_the_worker_drains() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        service, producer, runner = worker(bus, concurrency=1)
+        producer.gate.set()
+        service.slots.duration = 0.01  # short handlers so far: it claims ahead
+        for _ in range(5):
+            due_on(bus, 0)
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(service._poll_loop(stopping))
+        await until(lambda: len(service.slots) == 5)  # all claimed, one running (held)
+        assert len(runner.started) == 1
+        stopping.set()
+        await asyncio.wait_for(loop, 5)
+        heartbeats = service._heartbeats = Heartbeats(  # type: ignore[assignment]
+            MemoryIdempotentProducer(bus), T, "w1", capacity=1, queues=["default"],  # type: ignore[arg-type]
+            running=service.listed)
+        drained = asyncio.create_task(service._drain())
+        await until(lambda: len([e for e in bus.values(T.execution_events)
+                                 if e["status"] == "REQUEUED"]) == 4)
+        assert len(service.slots) == 1 and heartbeats is not None  # the running one finishes
+        runner.release.set()
+        await asyncio.wait_for(drained, 10)
+        statuses = [e["status"] for e in bus.values(T.execution_events)]
+        assert statuses.count("COMPLETED") == 1 and statuses.count("REQUEUED") == 4
+        assert len(bus.records(T.job_due)) == 4  # their next delivery, to run elsewhere
+
+    asyncio.run(scenario())
+
+
+def test_the_cadence_follows_the_load() -> None:
+    from cronstream.services.worker.service import (
+        FULL_RECORDS_PER_SECOND,
+        MIN_TURN_GAP_SECONDS,
+        TURN_GAP_SECONDS,
+        turn_gap,
+    )
+
+    assert turn_gap(0) == MIN_TURN_GAP_SECONDS  # idle and light: starts go out at once
+    assert turn_gap(FULL_RECORDS_PER_SECOND / 5) == pytest.approx(TURN_GAP_SECONDS / 5)
+    assert turn_gap(FULL_RECORDS_PER_SECOND) == turn_gap(10 * FULL_RECORDS_PER_SECOND) == TURN_GAP_SECONDS

@@ -1,0 +1,171 @@
+"""docs/benchmarks.md from the latest figures in bench/results/ (`make bench` ends with it).
+
+    python -m bench.report            # writes docs/benchmarks.md
+
+The README and the decision records quote this table, not prose from memory: a figure
+there is one a command produced, on the machine and at the commit the table names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.harness import RESULTS
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True, cwd=DOCS.parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, cwd=DOCS.parent).stdout
+        return out.stdout.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        memory = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal"))
+        ram = f"{memory / 1024 / 1024:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        ram = "unknown memory"
+    return f"{os.cpu_count()} × {model}, {ram}, {platform.system()} {platform.release()}, " \
+           f"Python {platform.python_version()}"
+
+
+def _n(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float) and math.isnan(value):
+        return "–"
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else str(value)
+
+
+def _run_row(label: str, f: dict[str, Any]) -> str:
+    lag = f["start_lag_ms"]
+    return (f"| {label} | {_n(f['offered_per_second'])} | {_n(f['completed_per_second'])} | "
+            f"{_n(lag['p50'])} | {_n(lag['p99'])} | {_n(f['cpu_us_per_execution']['total'])} | "
+            f"{_n(f['kafka_transactions_per_second'])} |")
+
+
+RUN_HEAD = ("| run | offered/s | completed/s in window | start lag p50 ms | start lag p99 ms | "
+            "CPU µs/execution (machine) | Kafka transactions/s |\n|---|---|---|---|---|---|---|")
+
+
+def _e2e(e2e: dict[str, Any]) -> list[str]:
+    out = [f"## End to end (`bench/e2e_throughput.py`, measured {e2e.get('at', '?')})", "",
+           "Two workers, everything on this machine: Kafka, PostgreSQL, all services. Each run "
+           "is a fresh system; completions counted by `completed_at` inside the window; CPU of "
+           "every process (services with their handler processes, the broker, PostgreSQL) "
+           "over the window, per execution completed in it.", ""]
+    if e2e.get("matrix"):
+        out += ["### The matrix: `--concurrency` × offered rate (no-op handler, 30 s windows)", "",
+                RUN_HEAD]
+        out += [_run_row(f"--concurrency {f['worker_concurrency']}", f) for f in e2e["matrix"]]
+        out.append("")
+    sleeper = e2e.get("sleeper_20ms_default_concurrency")
+    if sleeper:
+        limit = _n(sleeper["physical_limit_per_second"])
+        reached = _n(100 * sleeper["fraction_of_physical_limit"], 1)
+        out += ["### A handler that sleeps 20 ms, at the default concurrency", "", RUN_HEAD,
+                _run_row("bench.sleep20, --concurrency 8", sleeper), "",
+                f"Physical limit: 2 workers × 8 slots / 20 ms = {limit}/s; reached {reached} %.", ""]
+    if "search" in e2e:
+        ceiling = e2e.get("ceiling")
+        out += ["### The ceiling (`--concurrency` 64)", "",
+                "**The rule:** the ceiling is the highest offered rate, in steps of 1,000/s with "
+                "30 s windows, at which two workers of `--concurrency 64` complete at least 95 % "
+                "of what is offered with start lag p99 at most 1 s. It is then sustained for 60 s, "
+                "and twice it is offered: completions must stay at least 90 % of the ceiling's.", "",
+                f"**Ceiling: {_n(ceiling['offered_per_second']) + '/s' if ceiling else 'none held'}.**",
+                "", RUN_HEAD]
+        out += [_run_row("search", f) for f in e2e["search"]]
+        for key, label in (("ceiling_sustained", "sustained (60 s)"), ("overload_2x", "twice the ceiling")):
+            if e2e.get(key):
+                out.append(_run_row(label, e2e[key]))
+        if e2e.get("overload_2x"):
+            kept = _n(100 * e2e["overload_2x"]["completions_vs_ceiling"], 1)
+            out += ["", f"Twice the ceiling completes {kept} % of the ceiling's rate."]
+        out.append("")
+    logs = e2e.get("logs_1000")
+    if logs:
+        chatty = logs["ten_lines"].get("log_lines") or {}
+        delay = chatty.get("print_to_readable_ms") or {}
+        out += ["### Execution logs (pool handlers, 1,000/s, `--concurrency` 64)", "", RUN_HEAD,
+                _run_row("printing nothing", logs["quiet"]),
+                _run_row("printing ten lines each", logs["ten_lines"]), "",
+                f"CPU per line (machine, the difference ÷ 10): {_n(logs['cpu_us_per_line'], 1)} µs; "
+                f"{_n(chatty.get('per_second'))} lines/s; delay from `print` to readable "
+                f"(`cronstream logs -f`) p50 {_n(delay.get('p50'))} ms, p99 {_n(delay.get('p99'))} ms.", ""]
+    if e2e.get("tracing_on_3000"):
+        out += ["### Tracing (3,000/s, `--concurrency` 64)", "", RUN_HEAD,
+                _run_row("no exporter (default)", e2e["tracing_off_3000"]),
+                _run_row("every span exported", e2e["tracing_on_3000"]), ""]
+    if e2e.get("runs"):
+        out += ["### Runs asked for by BENCH_RATES", "", RUN_HEAD]
+        out += [_run_row(f"{f['handler']}, --concurrency {f['worker_concurrency']}", f) for f in e2e["runs"]]
+        out.append("")
+    return out
+
+
+def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [item for k, v in value.items() if k not in ("machine", "benchmark", "at")
+                for item in _flat(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [(prefix, value)]
+    return []
+
+
+def _others() -> list[str]:
+    out = ["## The other benchmarks (`make bench`; each file in bench/results/)", ""]
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.stem == "e2e_throughput":
+            continue
+        data = json.loads(path.read_text())
+        figures = _flat(data)[:24]
+        out += [f"### {path.stem} (measured {data.get('at', '?')})", ""]
+        out += [f"- `{key}`: {_n(value, 0 if isinstance(value, int) else 2)}" for key, value in figures]
+        out.append("")
+    return out
+
+
+def render() -> str:
+    lines = ["# Benchmarks", "",
+             "Generated by `make bench` (`python -m bench.report`) from `bench/results/`: do not "
+             "edit by hand. The README and docs/decisions quote this file.", "",
+             f"- commit: {_commit()}", f"- machine: {_machine()}", ""]
+    e2e = _load("e2e_throughput")
+    if e2e:
+        lines += _e2e(e2e)
+    lines += _others()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> None:
+    DOCS.write_text(render())
+    print(f"wrote {DOCS}")
+
+
+if __name__ == "__main__":
+    main()
