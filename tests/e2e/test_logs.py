@@ -55,7 +55,8 @@ def test_a_failed_run_keeps_what_it_wrote_and_its_traceback(
         ("stdout", None), ("stderr", None), ("log", "WARNING"), ("traceback", "ERROR")}
     assert all(line["attempt"] == 1 and line["at"].endswith("Z") for line in lines)
     assert [line["seq"] for line in lines] == list(range(len(lines)))
-    assert len({line["trace_id"] for line in lines}) == 1  # the execution's trace
+    # Each line carries the execution's trace id: a trace and its log find each other.
+    assert first["trace_id"] and {line["trace_id"] for line in lines} == {first["trace_id"]}
 
     described = cli(topics, "describe", "execution", str(first["execution_id"])).stdout
     assert "Traceback:" in described and "RuntimeError: lookup failed" in described

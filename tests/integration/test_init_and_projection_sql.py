@@ -128,6 +128,44 @@ def test_a_repeated_event_id_is_projected_once_and_the_rest_of_its_batch_lands(
     assert row(database_url, e)["status"] == "COMPLETED"
 
 
+def test_a_log_batch_projected_twice_adds_nothing_and_its_end_is_recorded_once(
+        database_url: str) -> None:
+    """A batch of log lines sent twice (a re-sent final batch, a batch projected again
+    after a crash) keeps each line once, in order, the rest of the batch landing."""
+    from cronstream.services.monitor.store import insert_logs
+    from cronstream.shared.records import JobDue, JobSnapshot, LogBatch, render_log_batch
+
+    due = JobDue(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(), scheduled_at=T0,
+                 reason="SCHEDULE", idempotency_key="k", job=JobSnapshot(handler="h"))
+    lines = [(T0.timestamp() + i, "stdout", None, f"line {i}") for i in range(4)]
+
+    def batch(first: int, upto: int, final: bool) -> LogBatch:
+        return LogBatch.model_validate_json(render_log_batch(
+            due, worker_id="w1", trace_id=None, first_seq=first, lines=lines[first:upto],
+            final=final))
+
+    async def run() -> None:
+        conn = await connect(database_url)
+        try:
+            await create_staging(conn)
+            async with conn.transaction():
+                await insert_logs(conn, [batch(0, 2, False)])
+            async with conn.transaction():  # the first again, then the rest and the end
+                await insert_logs(conn, [batch(0, 2, False), batch(2, 4, True)])
+            async with conn.transaction():
+                await insert_logs(conn, [batch(2, 4, True)])
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    stored = sql(database_url, "SELECT seq, line FROM execution_logs WHERE execution_id = $1 "
+                               "ORDER BY delivery, seq", due.execution_id)
+    assert [(r["seq"], r["line"]) for r in stored] == [(i, f"line {i}") for i in range(4)]
+    ends = sql(database_url, "SELECT lines FROM execution_log_ends WHERE execution_id = $1",
+               due.execution_id)
+    assert [r["lines"] for r in ends] == [4]
+
+
 def test_the_fast_timestamptz_codec_agrees_with_asyncpgs_own(database_url: str) -> None:
     """The monitor's connections encode and decode timestamptz themselves: every value
     asyncpg takes must be stored as asyncpg stores it, and read back as asyncpg reads it."""

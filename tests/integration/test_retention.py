@@ -18,6 +18,11 @@ COUNTS = {
     "orphans": "SELECT count(*) AS n FROM execution_events e WHERE NOT EXISTS "
                "(SELECT 1 FROM job_executions j WHERE j.execution_id = e.execution_id)",
     "events": "SELECT count(*) AS n FROM execution_events",
+    "logs": "SELECT count(*) AS n FROM execution_logs",
+    "old_logs": "SELECT count(*) AS n FROM execution_logs l JOIN job_executions j USING (execution_id) "
+                "WHERE j.scheduled_at < now() - interval '30 days'",
+    "log_orphans": "SELECT count(*) AS n FROM execution_logs l WHERE NOT EXISTS "
+                   "(SELECT 1 FROM job_executions j WHERE j.execution_id = l.execution_id)",
     "old_alerts": "SELECT count(*) AS n FROM alerts WHERE fired_at < now() - interval '30 days'",
     "old_firing": "SELECT count(*) AS n FROM alerts WHERE fired_at < now() - interval '30 days' "
                   "AND state = 'FIRING' AND kind <> 'EXECUTION_PERMANENTLY_FAILED'",
@@ -52,6 +57,7 @@ def test_prune_deletes_old_executions_with_their_events_and_keeps_the_rest(setti
     seeded(url)
     before = counts(url)
     assert before["old"] > 9000 and before["events"] == 3 * (before["old"] + before["recent"] - 1)
+    assert before["old_logs"] > 0 and before["logs"] > before["old_logs"]  # failures' logs
 
     dry = cli(settings, "prune", "--older-than", "30d", "--dry-run")
     assert dry.returncode == 0, dry.stderr
@@ -66,6 +72,9 @@ def test_prune_deletes_old_executions_with_their_events_and_keeps_the_rest(setti
     assert after["old"] == 1  # the one still running
     assert after["recent"] == before["recent"]
     assert after["orphans"] == 0 and after["events"] == before["events"] - 3 * would
+    # An execution's log goes with it, and only then.
+    assert after["old_logs"] == 0 and after["log_orphans"] == 0
+    assert after["logs"] == before["logs"] - before["old_logs"]
     assert after["old_alerts"] == after["old_firing"] > 0  # open episodes stay
     assert after["old_evaluations"] == 0
     assert after["active"] == before["active"] and after["offline"] < before["offline"]

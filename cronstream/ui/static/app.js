@@ -1,26 +1,55 @@
-// cronstream dashboard: the only script. Live Runs over server-sent events; nothing
-// else needs JavaScript (actions are plain forms). No inline script anywhere: the
-// Content-Security-Policy allows scripts from this origin only.
+// cronstream dashboard: the only script. Live views over server-sent events (the Runs
+// page, an execution's log); nothing else needs JavaScript (actions are plain forms). No
+// inline script anywhere: the Content-Security-Policy allows scripts from this origin only.
 "use strict";
 
+// Follow the server-sent events `name` of `url`: `render(view)` with each one's JSON (the
+// HTML in it is rendered and escaped by the server); `show(on)` says whether the stream is
+// up. A dropped stream reconnects by itself; a refused one (503: the server's stream cap)
+// is closed for good: come back in 10 to 30 s, not all at once. Returns a way to stop.
+function follow(url, name, render, show) {
+  let source = null;
+  let stopped = false;
+  function connect() {
+    source = new EventSource(url);
+    source.addEventListener("open", function () { show(true); });
+    source.addEventListener(name, function (event) {
+      let view;
+      try {
+        view = JSON.parse(event.data);
+      } catch (e) {
+        return;
+      }
+      render(view);
+    });
+    source.addEventListener("error", function () {
+      show(false);
+      if (source.readyState === EventSource.CLOSED && !stopped) {
+        window.setTimeout(connect, 10000 + Math.random() * 20000);
+      }
+    });
+  }
+  function stop() {
+    stopped = true;
+    if (source) { source.close(); }
+  }
+  connect();
+  window.addEventListener("pagehide", stop);
+  return stop;
+}
+
+function counted(attribute) {
+  document.body.setAttribute(attribute, String(Number(document.body.getAttribute(attribute) || "0") + 1));
+}
+
+// The Runs page: each event replaces the rows of every section and the counts.
 (function () {
   const section = document.querySelector("[data-live]");
   if (!section || !window.EventSource) {
     return;
   }
   const state = document.getElementById("live-state");
-  let source = null;
-  function show(on) {
-    if (state) { state.classList.toggle("on", on); state.classList.toggle("off", !on); }
-  }
-  function render(event) {
-    let view;
-    try {
-      view = JSON.parse(event.data);
-    } catch (e) {
-      return;
-    }
-    // Each section's rows are rendered and escaped by the server.
+  follow(section.getAttribute("data-live"), "runs", function (view) {
     for (const name of ["running", "queued", "awaiting", "recent"]) {
       const body = section.querySelector('tbody[data-section="' + name + '"]');
       if (body && typeof view[name] === "string") {
@@ -31,29 +60,14 @@
       const el = section.querySelector('[data-count="' + status + '"]');
       if (el) { el.textContent = String(n); }
     }
-    document.body.setAttribute("data-live-updates",
-      String(Number(document.body.getAttribute("data-live-updates") || "0") + 1));
-  }
-  function connect() {
-    source = new EventSource(section.getAttribute("data-live"));
-    source.addEventListener("open", function () { show(true); });
-    source.addEventListener("runs", render);
-    source.addEventListener("error", function () {
-      show(false);
-      // A dropped stream reconnects by itself; a refused one (503: the server's stream
-      // cap) is closed for good: come back in 10 to 30 s, not all at once.
-      if (source.readyState === EventSource.CLOSED) {
-        window.setTimeout(connect, 10000 + Math.random() * 20000);
-      }
-    });
-  }
-  connect();
-  window.addEventListener("pagehide", function () { if (source) { source.close(); } });
+    counted("data-live-updates");
+  }, function (on) {
+    if (state) { state.classList.toggle("on", on); state.classList.toggle("off", !on); }
+  });
 })();
 
-// The execution page's log, live while the execution runs: each event replaces the
-// lines (rendered and escaped by the server) and the traceback; the stream ends with the
-// execution's log.
+// The execution page's log, live while the execution runs: each event replaces the lines,
+// the traceback and the status; the stream ends with the execution's log.
 (function () {
   const section = document.querySelector("[data-log-live]");
   if (!section || !window.EventSource) {
@@ -63,14 +77,7 @@
   const count = section.querySelector("[data-log-count]");
   const traceback = section.querySelector("[data-traceback]");
   const state = document.getElementById("log-state");
-  let source = null;
-  function render(event) {
-    let view;
-    try {
-      view = JSON.parse(event.data);
-    } catch (e) {
-      return;
-    }
+  const stop = follow(section.getAttribute("data-log-live"), "log", function (view) {
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     if (typeof view.lines === "string") { pre.innerHTML = view.lines; }
     if (atBottom) { pre.scrollTop = pre.scrollHeight; }
@@ -84,25 +91,13 @@
       traceback.hidden = false;
       traceback.querySelector("[data-traceback-text]").textContent = view.traceback;
     }
-    document.body.setAttribute("data-log-updates",
-      String(Number(document.body.getAttribute("data-log-updates") || "0") + 1));
+    counted("data-log-updates");
     if (!view.live) {
-      source.close();
+      stop();
       if (state) { state.classList.remove("on"); state.textContent = "ended"; }
       document.body.setAttribute("data-log-ended", "true");
     }
-  }
-  function connect() {
-    source = new EventSource(section.getAttribute("data-log-live"));
-    source.addEventListener("open", function () { if (state) { state.classList.add("on"); } });
-    source.addEventListener("log", render);
-    source.addEventListener("error", function () {
-      if (state) { state.classList.remove("on"); }
-      if (source.readyState === EventSource.CLOSED && document.body.getAttribute("data-log-ended") !== "true") {
-        window.setTimeout(connect, 10000 + Math.random() * 20000);
-      }
-    });
-  }
-  connect();
-  window.addEventListener("pagehide", function () { if (source) { source.close(); } });
+  }, function (on) {
+    if (state) { state.classList.toggle("on", on); }
+  });
 })();
