@@ -6,6 +6,7 @@
         client.apply([{"job_id": "nightly", "type": "CRON", "schedule": "0 2 * * *",
                        "timezone": "Europe/Berlin", "handler": "reports.daily"}])
         client.pause("nightly")
+        client.trigger("nightly", params={"region": "eu"})   # the job's params, overlaid
         for run in client.runs("nightly", limit=5):
             print(run.status, run.completed_at)
 
@@ -47,9 +48,15 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from pydantic import ValidationError
 
 from cronstream.definitions import check_dags, load_definitions, parse_definitions
-from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
+from cronstream.errors import (
+    CronstreamError,
+    DefinitionError,
+    NotFoundError,
+    ParamsError,
+    UnavailableError,
+)
 from cronstream.executions import Execution, LogEntry
-from cronstream.shared.codec import MAX_RECORD_BYTES
+from cronstream.shared.codec import MAX_RECORD_BYTES, describe
 from cronstream.shared.db import query
 from cronstream.shared.ids import execution_id, idempotency_key, run_id
 from cronstream.shared.kafka import (
@@ -62,17 +69,20 @@ from cronstream.shared.kafka import (
     reader_config,
 )
 from cronstream.shared.records import (
+    DELETED_BY_HEADER,
     Command,
     CommandKind,
     JobDefinition,
     JobDue,
     JobSnapshot,
+    run_params,
 )
 from cronstream.shared.redaction import redact_url
 from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
+from cronstream.versions import DefinitionVersion
 
 __all__ = [
     "AsyncClient", "Client", "DefinitionError", "NotFoundError", "UnavailableError",
@@ -90,7 +100,8 @@ LOG_QUIET_END = 2.5
 LOG_END_PATIENCE = 10.0
 
 
-def _who() -> str:
+def client_identity() -> str:
+    """Who acts, when nobody is named: the local user and host (user@host)."""
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
@@ -138,7 +149,7 @@ class AsyncClient:
         parsed = parse_definitions(list(definitions), "apply")
         if any(d.type == "DEPENDENT" for d in parsed):
             check_dags(parsed, await self.definitions())
-        now, who = datetime.now(UTC), _who()
+        now, who = datetime.now(UTC), client_identity()
         stamped = []
         for definition in parsed:
             updates: dict[str, Any] = {}
@@ -154,19 +165,27 @@ class AsyncClient:
         await self._send([OutRecord(self.topics.job_definitions, d.job_id.encode(), d.to_json(),
                                     new_headers()) for d in definitions])
 
-    async def delete(self, job_id: str) -> None:
-        """Delete a job: a tombstone on `job-definitions`."""
-        await self._send([OutRecord(self.topics.job_definitions, job_id.encode(), None)])
+    async def delete(self, job_id: str, by: str | None = None) -> None:
+        """Delete a job: a tombstone on `job-definitions`, naming who deleted it (`by`, by
+        default the local user and host) for its history."""
+        who = (by or client_identity())[:256].encode()
+        await self._send([OutRecord(self.topics.job_definitions, job_id.encode(), None,
+                                    [*new_headers(), (DELETED_BY_HEADER, who)])])
 
     async def definitions(self) -> dict[str, JobDefinition]:
         """Every current definition, read from `job-definitions` to its end."""
-        latest: dict[str, bytes | None] = {}
+        return {job_id: found for job_id, (found, _) in (await self._located()).items()}
+
+    async def _located(self) -> dict[str, tuple[JobDefinition, int]]:
+        """Every current definition with its offset on `job-definitions` (which names its
+        version: `history`)."""
+        latest: dict[str, tuple[bytes | None, int]] = {}
 
         def keep(messages: builtins.list[Message]) -> None:
             for msg in messages:
                 key = msg.key()
                 if key is not None:
-                    latest[key.decode("utf-8", "replace")] = msg.value()
+                    latest[key.decode("utf-8", "replace")] = (msg.value(), msg.offset() or 0)
 
         topic = self.topics.job_definitions
         await self._check_topics([topic])
@@ -179,12 +198,12 @@ class AsyncClient:
                                    f"{self.settings.kafka_bootstrap_servers}: {_reason(exc)}") from None
         finally:
             await reader.close()
-        found: dict[str, JobDefinition] = {}
-        for job_id, value in latest.items():
+        found: dict[str, tuple[JobDefinition, int]] = {}
+        for job_id, (value, offset) in latest.items():
             if value is None or len(value) > MAX_RECORD_BYTES:
                 continue
             try:
-                found[job_id] = JobDefinition.model_validate_json(value)
+                found[job_id] = (JobDefinition.model_validate_json(value), offset)
             except ValidationError:
                 continue  # dead-lettered by the scheduler; the job is suspended
         return found
@@ -199,7 +218,12 @@ class AsyncClient:
         return (await self.definitions()).get(job_id)
 
     async def _require(self, job_id: str) -> JobDefinition:
-        found = await self.get(job_id)
+        return (await self.get_with_offset(job_id))[0]
+
+    async def get_with_offset(self, job_id: str) -> tuple[JobDefinition, int]:
+        """The current definition of `job_id` and its `job-definitions` offset, which names
+        its version; NotFoundError when there is none."""
+        found = (await self._located()).get(job_id)
         if found is None:
             raise NotFoundError(f"no job {job_id!r}")
         return found
@@ -225,12 +249,28 @@ class AsyncClient:
 
     # -- executions -----------------------------------------------------------------
 
-    async def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
-        """Run `job_id` now (reason MANUAL), outside its schedule; returns the execution id."""
-        definition = await self._require(job_id)
-        return await self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
+    async def trigger(self, job_id: str, at: datetime | None = None, *,
+                      params: Mapping[str, Any] | None = None, by: str | None = None) -> UUID:
+        """Run `job_id` now (reason MANUAL), outside its schedule, with the job's params
+        overlaid by `params`; returns the execution id. `by` names who asks (recorded as
+        the execution's triggered_by; by default the local user and host). ParamsError,
+        before anything is sent, when the params are invalid."""
+        definition, offset = await self.get_with_offset(job_id)
+        return await self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL",
+                                 params=params, triggered_by=by or client_identity(),
+                                 definition_offset=offset)
 
-    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
+    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str, *,
+                     params: Mapping[str, Any] | None = None, triggered_by: str | None = None,
+                     definition_offset: int | None = None) -> UUID:
+        """Publish the first attempt of a run of `definition` at `scheduled_at` (MANUAL,
+        BACKFILL), with the job's params overlaid by `params`."""
+        try:
+            merged = run_params(definition, params)
+            snapshot = JobSnapshot.of(definition, definition_offset, merged)
+        except (ValueError, ValidationError) as exc:
+            text = describe(exc) if isinstance(exc, ValidationError) else str(exc)
+            raise ParamsError(f"job {definition.job_id!r}: {text}; nothing was sent") from None
         due = JobDue(
             execution_id=execution_id(definition.job_id, scheduled_at, 1),
             job_id=definition.job_id,
@@ -238,8 +278,9 @@ class AsyncClient:
             scheduled_at=scheduled_at,
             attempt_number=1,
             reason=reason,  # type: ignore[arg-type]
-            idempotency_key=idempotency_key(definition.job_id, scheduled_at, definition.params),
-            job=JobSnapshot.of(definition),
+            idempotency_key=idempotency_key(definition.job_id, scheduled_at, merged),
+            job=snapshot,
+            triggered_by=triggered_by[:256] if triggered_by else None,
         )
         await self._send([OutRecord(self.topics.job_due, definition.job_id.encode(), due.to_json(),
                                     new_headers())])
@@ -252,7 +293,7 @@ class AsyncClient:
         `issued_by` names who acts (recorded as approved_by / rejected_by / cancelled_by on
         the event the command causes); by default the local user and host."""
         command = Command(command=kind, execution_id=execution_id, job_id=job_id, reason=reason,
-                          issued_at=datetime.now(UTC), issued_by=issued_by or _who())
+                          issued_at=datetime.now(UTC), issued_by=issued_by or client_identity())
         await self._send([OutRecord(self.topics.commands, str(execution_id).encode(),
                                     command.to_json(), new_headers())])
         return command
@@ -294,6 +335,22 @@ class AsyncClient:
         """Recent executions, newest first (from PostgreSQL), of one job or of all."""
         rows = await self.fetch("list_executions", job_id, status, limit)
         return [Execution.from_row(r) for r in rows]
+
+    async def history(self, job_id: str) -> builtins.list[DefinitionVersion]:
+        """Every kept version of `job_id`'s definition, oldest first (from PostgreSQL);
+        NotFoundError when the job has none."""
+        versions = [DefinitionVersion.from_row(r) for r in await self.fetch("definition_history", job_id)]
+        if not versions:
+            raise NotFoundError(f"no job {job_id!r} (no version of it is kept)")
+        return versions
+
+    async def version(self, job_id: str, version: int) -> DefinitionVersion:
+        """Version `version` of `job_id`'s definition; NotFoundError when it is not kept."""
+        rows = await self.fetch("definition_version", job_id, version)
+        if not rows:
+            raise NotFoundError(f"no version {version} of job {job_id!r} "
+                                "(see `cronstream history` for the versions kept)")
+        return DefinitionVersion.from_row(rows[0])
 
     async def execution(self, execution_id: UUID) -> Execution | None:
         rows = await self.fetch("get_execution", execution_id)
@@ -499,8 +556,8 @@ class Client:
         their job_ids. Raises DefinitionError and sends nothing when any is invalid."""
         return self._run(self._async.apply(list(definitions)))
 
-    def delete(self, job_id: str) -> None:
-        self._run(self._async.delete(job_id))
+    def delete(self, job_id: str, by: str | None = None) -> None:
+        self._run(self._async.delete(job_id, by))
 
     def definitions(self) -> dict[str, JobDefinition]:
         return self._run(self._async.definitions())
@@ -520,11 +577,20 @@ class Client:
     def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
         return self._run(self._async.resume(job_id, by))
 
-    def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
-        return self._run(self._async.trigger(job_id, at))
+    def get_with_offset(self, job_id: str) -> tuple[JobDefinition, int]:
+        return self._run(self._async.get_with_offset(job_id))
 
-    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
-        return self._run(self._async.submit(definition, scheduled_at, reason))
+    def trigger(self, job_id: str, at: datetime | None = None, *,
+                params: Mapping[str, Any] | None = None, by: str | None = None) -> UUID:
+        """Run `job_id` now with the job's params overlaid by `params` (AsyncClient.trigger)."""
+        return self._run(self._async.trigger(job_id, at, params=params, by=by))
+
+    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str, *,
+               params: Mapping[str, Any] | None = None, triggered_by: str | None = None,
+               definition_offset: int | None = None) -> UUID:
+        return self._run(self._async.submit(definition, scheduled_at, reason, params=params,
+                                            triggered_by=triggered_by,
+                                            definition_offset=definition_offset))
 
     def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,
                 job_id: str | None = None, issued_by: str | None = None) -> Command:
@@ -555,6 +621,14 @@ class Client:
     def runs(self, job_id: str | None = None, *, status: str | None = None,
              limit: int = 20) -> builtins.list[Execution]:
         return self._run(self._async.runs(job_id, status=status, limit=limit))
+
+    def history(self, job_id: str) -> builtins.list[DefinitionVersion]:
+        """Every kept version of `job_id`'s definition (AsyncClient.history)."""
+        return self._run(self._async.history(job_id))
+
+    def version(self, job_id: str, version: int) -> DefinitionVersion:
+        """Version `version` of `job_id`'s definition (AsyncClient.version)."""
+        return self._run(self._async.version(job_id, version))
 
     def execution(self, execution_id: UUID) -> Execution | None:
         return self._run(self._async.execution(execution_id))

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CronstreamError", "DefinitionError", "NotFoundError", "UnavailableError"]
+__all__ = ["CronstreamError", "DefinitionError", "NotFoundError", "ParamsError", "UnavailableError"]
 
 
 class CronstreamError(Exception):
@@ -20,6 +20,11 @@ class CronstreamError(Exception):
 class DefinitionError(CronstreamError, ValueError):
     """One or more definitions are invalid; the message says which job, field and why.
     Nothing of the batch was sent."""
+
+
+class ParamsError(CronstreamError, ValueError):
+    """The params given for a run (trigger, backfill) are invalid: not a JSON object, or
+    larger with the job's own than a definition's params may be. Nothing was sent."""
 
 
 class NotFoundError(CronstreamError, LookupError):

@@ -52,6 +52,11 @@ class Execution:
     rejected_by: str | None
     cancelled_by: str | None
     updated_at: datetime
+    # Who asked for the run (a trigger's or a backfill's), the params it ran with (the
+    # job's, overlaid by the trigger's), and the version of the job's definition it ran.
+    triggered_by: str | None = None
+    params: dict[str, Any] | None = None
+    definition_version: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -67,8 +72,9 @@ class Execution:
     def from_row(cls, row: Mapping[str, Any] | Any) -> Execution:
         """From a `list_executions` / `get_execution` row (asyncpg.Record or mapping)."""
         values = {name: row[name] for name in cls.__dataclass_fields__}
-        if isinstance(values["result"], str):  # jsonb arrives as its text
-            values["result"] = json.loads(values["result"])
+        for name in ("result", "params"):
+            if isinstance(values[name], str):  # jsonb arrives as its text
+                values[name] = json.loads(values[name])
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,14 @@
         return {"rows": 42}
 
 A handler is sync or async, takes one `Context` and returns a JSON value (at most
-64 KiB). Workers run only handlers registered in modules named by `--import`; a record
+64 KiB). A DAG step sees what its upstreams returned in this run:
+
+    @handler("reports.load")
+    def load(ctx: Context) -> dict:
+        rows = ctx.upstream["extract"].result["rows"]     # extract's final execution
+        region = ctx.upstream.root_params.get("region")  # what the run was started with
+        return {"loaded": rows}
+ Workers run only handlers registered in modules named by `--import`; a record
 names a handler, and the name is looked up in this registry — it is never imported,
 evaluated or resolved as a path.
 """
@@ -18,13 +25,15 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
-__all__ = ["REGISTRY", "Context", "HandlerSpec", "NonRetryableError", "handler"]
+__all__ = ["REGISTRY", "Context", "HandlerSpec", "NonRetryableError", "ResultOmittedError",
+           "Upstream", "UpstreamResult", "handler"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
@@ -85,6 +94,62 @@ def handler(name: str, *, inline: bool = False) -> Callable[[Callable[..., Any]]
     return register
 
 
+class ResultOmittedError(LookupError):
+    """The upstream's result was not carried with this step: its upstreams' results together
+    were larger than the step's record may carry (128 KiB). The upstream's execution holds
+    it: `Client().execution(ctx.upstream[job_id].execution_id).result`."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResult:
+    """The final execution of one upstream job in this run."""
+
+    execution_id: UUID
+    status: str  # COMPLETED, PERMANENTLY_FAILED, CANCELLED or SKIPPED (see the trigger rule)
+    result_omitted: bool
+    _result: Any = field(repr=False, default=None)
+
+    @property
+    def result(self) -> Any:
+        """What the upstream's handler returned (None when it returned nothing or did not
+        run); ResultOmittedError when it was too large to come with this step."""
+        if self.result_omitted:
+            raise ResultOmittedError(
+                f"the result of execution {self.execution_id} was not carried with this step "
+                "(its upstreams' results together pass 128 KiB): read it with "
+                f"Client().execution(UUID('{self.execution_id}')).result")
+        return self._result
+
+
+class Upstream(Mapping[str, UpstreamResult]):
+    """`ctx.upstream`: a read-only mapping from each upstream job_id of a DAG step to its
+    final execution in this run, and `root_params`, the params the run's root ran with (a
+    trigger's included). Empty for an execution that is not a DAG step, whose
+    `root_params` are its own params."""
+
+    __slots__ = ("_executions", "root_params")
+
+    def __init__(self, executions: Mapping[str, UpstreamResult], root_params: Mapping[str, Any]) -> None:
+        self._executions = dict(executions)
+        self.root_params: Mapping[str, Any] = MappingProxyType(dict(root_params))
+
+    def __getitem__(self, job_id: str) -> UpstreamResult:
+        try:
+            return self._executions[job_id]
+        except KeyError:
+            raise KeyError(f"{job_id!r} is not an upstream of this step "
+                           f"(upstreams: {', '.join(self._executions) or 'none'})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._executions)
+
+    def __len__(self) -> int:
+        return len(self._executions)
+
+    def __repr__(self) -> str:
+        return f"Upstream({self._executions!r}, root_params={dict(self.root_params)!r})"
+
+
 @dataclass
 class Context:
     """What a handler knows about its execution, and how it talks back."""
@@ -103,6 +168,15 @@ class Context:
     traceparent: str | None = None
     _progress: Callable[[float, str | None], None] = field(repr=False, default=lambda p, m: None)
     _cancel: threading.Event = field(repr=False, default_factory=threading.Event)
+    _upstream: Upstream | None = field(repr=False, default=None)
+
+    @property
+    def upstream(self) -> Upstream:
+        """A DAG step's upstreams in this run, each with its `.status`, `.result` and
+        `.execution_id`, and the run's `root_params` (Upstream)."""
+        if self._upstream is None:  # not a DAG step: made only when asked for
+            self._upstream = Upstream({}, self.params)
+        return self._upstream
 
     def report_progress(self, percent: float, message: str | None = None) -> None:
         """Report how far along the execution is (0–100); rate-limited by the worker."""

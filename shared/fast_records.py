@@ -56,7 +56,8 @@ from cronstream.shared.records import (
 from cronstream.shared.statuses import TERMINAL
 
 __all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", "FastSnapshot",
-           "as_model", "decode_due", "decode_event"]
+           "FastUpstream", "FastUpstreamExecution", "as_model", "decode_due", "decode_event",
+           "upstream_of"]
 
 _ZERO = timedelta(0)
 # Larger than this, a `result` or `params` could be over its limit: the model measures.
@@ -90,6 +91,8 @@ class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     priority: Priority = "normal"
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
+    max_concurrent_runs: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
+    definition_offset: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
     def model_dump_json(self) -> str:
         """The snapshot's JSON, as JobSnapshot.model_dump_json writes it."""
@@ -98,6 +101,23 @@ class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def to_json(self) -> bytes:
         """The same as bytes, as JobSnapshot.to_json writes it."""
         return msgspec.json.encode(self)
+
+
+class FastUpstreamExecution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.UpstreamExecution, field for field, in its order."""
+
+    execution_id: UUID
+    status: ExecutionStatus
+    result: Any = None
+    result_omitted: bool = False
+
+
+class FastUpstream(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.Upstream, field for field, in its order."""
+
+    root_params: dict[str, Any] = msgspec.field(default_factory=dict)
+    executions: Annotated[dict[JobId, FastUpstreamExecution], msgspec.Meta(max_length=64)] = \
+        msgspec.field(default_factory=dict)
 
 
 class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -129,6 +149,7 @@ class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     approved_by: Actor | None = None
     rejected_by: Actor | None = None
     cancelled_by: Actor | None = None
+    triggered_by: Actor | None = None
 
     @property
     def terminal(self) -> bool:
@@ -151,6 +172,8 @@ class FastDue(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     job: FastSnapshot
     approved_by: Actor | None = None
+    triggered_by: Actor | None = None
+    upstream: FastUpstream | None = None
 
     def model(self) -> JobDue:
         """The same record as the model, for the rare paths that copy or re-encode it."""
@@ -208,6 +231,15 @@ def decode_event(value: bytes | None, key: bytes | None) -> ExecutionEvent | Fas
 def as_model(due: JobDue | FastDue) -> JobDue:
     """`due` as the model (a FastDue converted, a JobDue as it is)."""
     return due if isinstance(due, JobDue) else due.model()
+
+
+def upstream_of(due: JobDue | FastDue) -> FastUpstream | None:
+    """The DAG step's upstream view of `due` as the fast record (the pool protocol carries
+    it: child.RunMessage), or None for every execution that is not a DAG step."""
+    upstream = due.upstream
+    if upstream is None or isinstance(upstream, FastUpstream):
+        return upstream
+    return msgspec.convert(upstream.model_dump(mode="json"), FastUpstream)
 
 
 def decode_due(value: bytes | None, key: bytes | None) -> JobDue | FastDue:

@@ -209,6 +209,7 @@ HandlerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}
 QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 Params = Annotated[dict[str, Any], AfterValidator(_params_limit)]
+MaxConcurrentRuns = Annotated[int, Field(ge=1, le=10_000)]
 Message = Annotated[str, StringConstraints(max_length=MAX_MESSAGE_CHARS)]
 Actor = Annotated[str, StringConstraints(max_length=256)]
 # 1 + max_retries (≤ 100); a requeue counts deliveries (bounded so PostgreSQL's integer holds it).
@@ -250,6 +251,11 @@ class JobAlerts(BaseModel):
     finish_within_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None
 
 
+# The Kafka header of a `job-definitions` tombstone that names who deleted the job (a
+# tombstone has no value to say it in): the deleted version's `created_by` in history.
+DELETED_BY_HEADER = "cronstream-deleted-by"
+
+
 class JobDefinition(Record):
     """A job as users publish it to `job-definitions` (key: job_id; null value deletes)."""
 
@@ -275,6 +281,8 @@ class JobDefinition(Record):
     priority: Priority = "normal"
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
+    # At most this many runs of the job at once; a fire beyond is SKIPPED (FORBID is 1).
+    max_concurrent_runs: MaxConcurrentRuns | None = None
     misfire_policy: MisfirePolicy = "FIRE_ONCE"
     misfire_grace_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 60
     enabled: bool = True
@@ -335,7 +343,19 @@ class JobDefinition(Record):
                 )
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("end_at must be later than start_at")
+        self._check_concurrency()
         return self
+
+    def _check_concurrency(self) -> None:
+        limit = self.max_concurrent_runs
+        if limit is None:
+            return
+        if self.concurrency_policy == "REPLACE":
+            raise ValueError("max_concurrent_runs cannot be combined with concurrency_policy "
+                             "REPLACE (which cancels the running run instead of skipping)")
+        if self.concurrency_policy == "FORBID" and limit != 1:
+            raise ValueError(f"max_concurrent_runs: {limit} contradicts concurrency_policy FORBID "
+                             "(which is max_concurrent_runs: 1); keep one of them")
 
     @property
     def zone(self) -> ZoneInfo:
@@ -359,12 +379,19 @@ class JobSnapshot(Record):
     priority: Priority = "normal"
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
+    max_concurrent_runs: MaxConcurrentRuns | None = None
+    # The `job-definitions` offset of the definition this was taken from: the monitor
+    # names the run's definition version by it (job_executions.definition_version).
+    definition_offset: Annotated[int, Field(ge=0)] | None = None
 
     @classmethod
-    def of(cls, definition: JobDefinition) -> JobSnapshot:
+    def of(cls, definition: JobDefinition, definition_offset: int | None = None,
+           params: dict[str, Any] | None = None) -> JobSnapshot:
+        """The snapshot of `definition` (read at `definition_offset`), running with
+        `params` instead of the definition's own when given (`run_params`)."""
         return cls(
             handler=definition.handler,
-            params=definition.params,
+            params=definition.params if params is None else params,
             timeout_seconds=definition.timeout_seconds,
             max_retries=definition.max_retries,
             retry_delay_seconds=definition.retry_delay_seconds,
@@ -372,7 +399,76 @@ class JobSnapshot(Record):
             priority=definition.priority,
             queue=definition.queue,
             concurrency_policy=definition.concurrency_policy,
+            max_concurrent_runs=definition.max_concurrent_runs,
+            definition_offset=definition_offset,
         )
+
+
+def run_params(definition: JobDefinition, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The params a run of `definition` runs with: the job's own, overlaid key by key by
+    `overrides` (a manual trigger's or a backfill's). ValueError, naming the limit, when the
+    result is larger than a definition's params may be."""
+    if overrides is not None and not (isinstance(overrides, Mapping)
+                                      and all(isinstance(k, str) for k in overrides)):
+        raise ValueError("params: must be a JSON object (a mapping with string keys)")
+    merged = {**definition.params, **(overrides or {})}
+    try:
+        size = _json_size(merged)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"params: not JSON data: {exc}") from None
+    if size > MAX_PARAMS_BYTES:
+        raise ValueError(f"params: the run's params are {size} bytes of JSON; the limit is "
+                         f"{MAX_PARAMS_BYTES}")
+    return merged
+
+
+# The upstream results a DAG step's JobDue carries, together: with its own params and the
+# run's root params at their limits, the record stays under what every consumer reads
+# (codec.MAX_RECORD_BYTES). What does not fit is left out and marked (decision 0035).
+MAX_UPSTREAM_RESULTS_BYTES = 128 * 1024
+
+
+class UpstreamExecution(BaseModel):
+    """The final execution of one upstream job in a DAG step's run (`ctx.upstream`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    execution_id: UUID
+    status: ExecutionStatus
+    result: Annotated[Any, AfterValidator(_result_limit)] = None
+    # The upstream results together were larger than MAX_UPSTREAM_RESULTS_BYTES: this one
+    # is not carried (its execution still holds it: Client.execution(execution_id)).
+    result_omitted: bool = False
+
+
+class Upstream(BaseModel):
+    """What a DAG step's handler sees of its run: the run's root params and the final
+    execution of each upstream job (decision 0035)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    root_params: Params = Field(default_factory=dict)
+    executions: Annotated[dict[JobId, UpstreamExecution], Field(max_length=64)] = Field(
+        default_factory=dict)
+
+    @classmethod
+    def of(cls, root_params: dict[str, Any],
+           finals: list[tuple[str, UUID, str, Any]]) -> Upstream:
+        """From (job_id, execution_id, status, result) of each upstream, in depends_on order:
+        results are carried in that order while they fit in MAX_UPSTREAM_RESULTS_BYTES
+        together; one that does not is omitted (and marked), and smaller ones after it may
+        still fit."""
+        room = MAX_UPSTREAM_RESULTS_BYTES
+        executions: dict[str, UpstreamExecution] = {}
+        for job_id, execution_id, status, result in finals:
+            size = 0 if result is None else _json_size(result)
+            omitted = size > room
+            if not omitted:
+                room -= size
+            executions[job_id] = UpstreamExecution.model_validate(
+                {"execution_id": execution_id, "status": status,
+                 "result": None if omitted else result, "result_omitted": omitted}, strict=False)
+        return cls(root_params=root_params, executions=executions)
 
 
 class JobDue(Record):
@@ -393,6 +489,11 @@ class JobDue(Record):
     job: JobSnapshot
     # Who released it, for a DAG step approved by a person (Command.issued_by).
     approved_by: Actor | None = None
+    # Who asked for the run: the person or program behind a trigger or a backfill (kept by
+    # its retries and requeues); None for a schedule's fire and a DAG step.
+    triggered_by: Actor | None = None
+    # A DAG step's view of its run (ctx.upstream); None for every other execution.
+    upstream: Upstream | None = None
 
 
 class RetryRequest(JobDue):
@@ -435,6 +536,8 @@ class ExecutionEvent(Record):
     approved_by: Actor | None = None
     rejected_by: Actor | None = None
     cancelled_by: Actor | None = None
+    # On QUEUED (and a dispatcher's SKIPPED) events: the JobDue's triggered_by.
+    triggered_by: Actor | None = None
 
     @property
     def terminal(self) -> bool:
@@ -459,7 +562,7 @@ def render_event(due: JobDue | FastDue, status: ExecutionStatus, event_id: str, 
                  progress: float | None = None, priority: str | None = None,
                  queue: str | None = None, reason: str | None = None,
                  idempotency_key: str | None = None, job: JobSnapshot | FastSnapshot | None = None,
-                 approved_by: str | None = None) -> bytes:
+                 approved_by: str | None = None, triggered_by: str | None = None) -> bytes:
     """ExecutionEvent.for_due(due, status, ...).to_json() for the fields given (the rest
     null), without building the model: the events every execution goes through (QUEUED,
     RUNNING, COMPLETED) cost more to validate than everything else on their way. Only for
@@ -486,7 +589,8 @@ def render_event(due: JobDue | FastDue, status: ExecutionStatus, event_id: str, 
         b',"idempotency_key":', to_json(idempotency_key),
         b',"job":', b"null" if job is None else job.to_json(),
         b',"approved_by":', to_json(approved_by),
-        b',"rejected_by":null,"cancelled_by":null}',
+        b',"rejected_by":null,"cancelled_by":null,"triggered_by":', to_json(triggered_by),
+        b'}',
     ))
 
 

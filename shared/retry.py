@@ -41,6 +41,8 @@ def retry_execution_id(job_id: str, run_id: UUID, attempt: int) -> UUID:
 def next_attempt(due: DueRecord, failed_at: datetime, rng: random.Random) -> RetryRequest:
     attempt = due.attempt_number + 1
     due_at = to_millis(failed_at + timedelta(seconds=retry_delay(due.job, due.attempt_number, rng)))
+    model = as_model(due)
+    # The same run: who asked for it and, for a DAG step, what it saw of its upstreams.
     return RetryRequest(
         execution_id=retry_execution_id(due.job_id, due.run_id, attempt),
         job_id=due.job_id,
@@ -49,6 +51,8 @@ def next_attempt(due: DueRecord, failed_at: datetime, rng: random.Random) -> Ret
         attempt_number=attempt,
         reason="RETRY",
         idempotency_key=due.idempotency_key,
-        job=as_model(due).job,
+        job=model.job,
+        triggered_by=model.triggered_by,
+        upstream=model.upstream,
         due_at=due_at,
     )

@@ -11,6 +11,7 @@ import click
 from cronstream.cli import (
     completion_cmd,
     dev_cmd,
+    history_cmds,
     infra_cmds,
     inspect_cmds,
     job_cmds,
@@ -25,9 +26,9 @@ from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_clo
 
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
-    "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "get",
-    "jobs", "kafka-acls", "logs", "pause", "preview", "reject", "resume", "runs", "tail", "trigger",
-    "workers"})
+    "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "diff",
+    "get", "history", "jobs", "kafka-acls", "logs", "pause", "preview", "reject", "resume", "runs",
+    "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,8 +77,8 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
     ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None}, timeout)
 
 
-for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, logs_cmd, completion_cmd,
-               dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd):
+for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, history_cmds, logs_cmd,
+               completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

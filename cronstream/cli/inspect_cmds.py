@@ -51,13 +51,23 @@ def _get_output(fn: Any) -> Any:
 
 @get.command("job")
 @click.argument("job_id")
+@click.option("--version", "version", type=click.IntRange(1),
+              help="A past version of the definition (`cronstream history JOB_ID`).")
 @_get_output
 @pass_state
-def get_job(state: CliState, job_id: str, fmt: str) -> None:
-    """The definition of JOB_ID, in the form `apply -f` accepts unchanged."""
+def get_job(state: CliState, job_id: str, version: int | None, fmt: str) -> None:
+    """The definition of JOB_ID (or its version --version), in the form `apply -f`
+    accepts unchanged."""
     with state.client() as client:
-        definition, _ = _definition(client, job_id)
-    show_one(document(definition), fmt)
+        if version is None:
+            definition, _ = _definition(client, job_id)
+            show_one(document(definition), fmt)
+            return
+        found = client.version(job_id, version)
+    if found.document is None:
+        raise click.ClickException(f"version {version} of {job_id} is its deletion "
+                                   f"({found.label()}): it has no definition to show")
+    show_one(found.document, fmt)
 
 
 @get.command("execution")
@@ -127,12 +137,15 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     _field("Retries", f"{d.max_retries} (delay {d.retry_delay_seconds:g}s × 2^n, at most "
                       f"{d.max_retry_delay_seconds:g}s)")
     _field("Timeout", f"{d.timeout_seconds:g}s")
-    _field("Policies", f"concurrency {d.concurrency_policy}, misfire {d.misfire_policy} "
+    limit = f" (at most {d.max_concurrent_runs} runs at once)" if d.max_concurrent_runs else ""
+    _field("Policies", f"concurrency {d.concurrency_policy}{limit}, misfire {d.misfire_policy} "
                        f"(grace {d.misfire_grace_seconds:g}s)")
     if d.start_at or d.end_at:
         _field("Active", f"from {_when(d.start_at)} until {_when(d.end_at)}")
     _field("Created", f"{_when(d.created_at)} by {d.created_by or '-'}")
     _field("Updated", _when(row["updated_at"]))
+    if row["version"] is not None:
+        _field("Version", f"{row['version']} (cronstream history {d.job_id})")
     if d.model_extra:
         _field("Newer fields", ", ".join(sorted(d.model_extra)))
     emit("DAG:")
@@ -184,6 +197,11 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
     _field("Attempt", f"{e.attempt_number}" + (f", delivery {e.delivery} (re-queued)"
                                               if e.delivery > 1 else ""))
     _field("Reason", e.reason or "-")
+    if e.triggered_by:
+        _field("Triggered by", e.triggered_by)
+    _field("Definition", f"version {e.definition_version} (cronstream get job {e.job_id} "
+                         f"--version {e.definition_version})" if e.definition_version else "-")
+    _field("Params", json.dumps(e.params, ensure_ascii=False) if e.params is not None else "-")
     _field("Worker", e.worker_id or "-")
     _field("Scheduled", _when(e.scheduled_at))
     _field("Queued", _when(e.queued_at))

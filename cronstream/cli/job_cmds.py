@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,15 +9,16 @@ from typing import Any
 import click
 
 from cronstream.cli.common import CliState, pass_state
-from cronstream.cli.output import dump_yaml
+from cronstream.cli.run_params import given_params, params_options
 from cronstream.cli.view_cmds import fetch
-from cronstream.client import Client
+from cronstream.client import Client, client_identity
 from cronstream.definitions import check_dags, document, load_sources, without_stamps
-from cronstream.errors import DefinitionError, NotFoundError
+from cronstream.errors import DefinitionError, ParamsError
 from cronstream.shared.records import CommandKind, JobDefinition
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
 from cronstream.shared.statuses import TERMINAL
+from cronstream.versions import document_diff
 
 
 def _load(paths: tuple[str, ...]) -> list[JobDefinition]:
@@ -73,10 +73,8 @@ def _diff(definitions: list[JobDefinition], live: dict[str, JobDefinition]) -> N
             continue
         counts["create" if old is None else "change"] += 1
         click.echo(f"{definition.job_id}: " + ("would be created" if old is None else "would change"))
-        before = [] if old is None else dump_yaml(old).splitlines()
-        for line in difflib.unified_diff(before, dump_yaml(new).splitlines(),
-                                         f"live/{definition.job_id}",
-                                         f"applied/{definition.job_id}", lineterm=""):
+        for line in document_diff(old, new, f"live/{definition.job_id}",
+                                  f"applied/{definition.job_id}"):
             click.echo(line)
     click.echo(f"dry run: {counts['create']} to create, {counts['change']} to change, "
                f"{counts['unchanged']} unchanged; nothing sent")
@@ -114,11 +112,17 @@ def resume(state: CliState, job_id: str) -> None:
 
 @click.command()
 @click.argument("job_id")
+@params_options
 @pass_state
-def trigger(state: CliState, job_id: str) -> None:
-    """Run a job now, outside its schedule (reason MANUAL)."""
+def trigger(state: CliState, job_id: str, params: tuple[str, ...], params_file: str | None) -> None:
+    """Run a job now, outside its schedule (reason MANUAL), with its params overlaid by
+    --param / --params-file for this run only."""
+    overrides = given_params(params, params_file)
     with state.client() as client:
-        execution = client.trigger(job_id)
+        try:
+            execution = client.trigger(job_id, params=overrides)
+        except ParamsError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--param' / '--params-file'") from None
     click.echo(f"triggered {job_id}: execution {execution}")
 
 
@@ -167,19 +171,21 @@ def preview(paths: tuple[str, ...], start: str | None, count: int) -> None:
 @click.option("--max", "limit", default=1000, show_default=True, type=click.IntRange(1, 100_000),
               help="Refuse a range with more fires than this.")
 @click.option("--dry-run", is_flag=True, help="List what would run; send nothing.")
+@params_options
 @pass_state
-def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry_run: bool) -> None:
+def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry_run: bool,
+             params: tuple[str, ...], params_file: str | None) -> None:
     """Run the fires of JOB_ID's schedule between --from and --to that have no execution
-    yet (reason BACKFILL). Each gets the execution_id its scheduled fire would have had,
-    so a backfill never duplicates a run and running it twice changes nothing."""
+    yet (reason BACKFILL), with its params overlaid by --param / --params-file. Each gets
+    the execution_id its scheduled fire would have had, so a backfill never duplicates a
+    run and running it twice changes nothing."""
     first, last = _parse_time(start), _parse_time(end)
     if last < first:
         raise click.BadParameter("--to is before --from")
+    overrides = given_params(params, params_file)
     settings = state.settings()
     with Client(settings) as client:
-        definition = client.get(job_id)
-        if definition is None:
-            raise NotFoundError(f"no job {job_id!r}")
+        definition, offset = client.get_with_offset(job_id)
         if definition.type == "DEPENDENT":
             raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
         fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)
@@ -191,12 +197,17 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
         missing = [f for f in fires if f not in existing]
         click.echo(f"{job_id}: {len(fires)} fire(s) in range, {len(existing)} already ran, "
                    f"{len(missing)} to backfill" + (" (dry run)" if dry_run else ""))
+        who = client_identity()
         for fire in missing:
             if dry_run:
                 click.echo(f"  would run {fire.isoformat()}")
-            else:
-                execution = client.submit(definition, fire, "BACKFILL")
-                click.echo(f"  {fire.isoformat()}  execution {execution}")
+                continue
+            try:
+                execution = client.submit(definition, fire, "BACKFILL", params=overrides,
+                                          triggered_by=who, definition_offset=offset)
+            except ParamsError as exc:
+                raise click.BadParameter(str(exc), param_hint="'--param' / '--params-file'") from None
+            click.echo(f"  {fire.isoformat()}  execution {execution}")
 
 
 @click.command()

@@ -24,9 +24,10 @@ from typing import Any
 from uuid import UUID
 
 import click
-import yaml
 from rich.console import Console
 from rich.table import Table
+
+from cronstream.versions import to_yaml
 
 FORMATS = ("table", "wide", "json", "yaml")
 Row = dict[str, Any]
@@ -111,7 +112,7 @@ def dump_json(data: Any, *, lines: bool = False) -> str:
 
 
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(plain(data), sort_keys=False, allow_unicode=True, width=10_000)
+    return to_yaml(plain(data))
 
 
 def is_terminal() -> bool:

@@ -53,9 +53,9 @@ class _Age(click.ParamType):  # type: ignore[type-arg]
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @pass_state
 def prune(state: CliState, older_than: timedelta, batch: int | None, dry_run: bool) -> None:
-    """Delete finished executions (with their events), closed alerts, DAG evaluations and
-    offline workers older than --older-than, in bounded batches that never block the
-    monitor's projection."""
+    """Delete finished executions (with their events), closed alerts, DAG evaluations,
+    offline workers and replaced definition versions older than --older-than, in bounded
+    batches that never block the monitor's projection."""
     settings = state.settings(retention_batch=batch)
     cutoff = retention.cutoff_for(older_than)
 

@@ -10,6 +10,8 @@ consumed offsets that caused it; an instance assigned partition i reads partitio
 Decisions, for a JobDue of a new run (reason SCHEDULE, MANUAL, BACKFILL, DEPENDENCY):
 - ALLOW: queue it.
 - FORBID: another execution of the job is not terminal → SKIPPED, with the reason.
+- `max_concurrent_runs: N` (with ALLOW; FORBID is N = 1): N runs of the job are not
+  terminal → SKIPPED, with the reason (decision 0037).
 - REPLACE: cancel the others (a CANCEL command; a QUEUED one is CANCELLED at once), then
   queue it.
 A RETRY or REQUEUE continues a run that was already admitted: it is always queued.
@@ -28,13 +30,23 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cronstream.shared.fast_records import DueRecord
-from cronstream.shared.records import ExecutionEvent, UtcDatetime, UtcModel
+from cronstream.shared.fast_records import DueRecord, FastSnapshot
+from cronstream.shared.records import ExecutionEvent, JobSnapshot, UtcDatetime, UtcModel
 from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
 Decision = Literal["QUEUE", "SKIP", "REPLACE"]
 NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY"})
+
+
+def run_limit(job: JobSnapshot | FastSnapshot) -> int | None:
+    """How many runs of the job may be active at once (FORBID: 1), or None: any number."""
+    return 1 if job.concurrency_policy == "FORBID" else job.max_concurrent_runs
+
+
+def tracked(job: JobSnapshot | FastSnapshot) -> bool:
+    """Whether a job's executions must be followed to decide its next fire."""
+    return job.concurrency_policy == "REPLACE" or run_limit(job) is not None
 
 
 class ActiveExecution(UtcModel):
@@ -80,14 +92,34 @@ class PolicyState:
         return [a for a in self.jobs.get(due.job_id, {}).values()
                 if a.execution_id != due.execution_id]
 
+    def active_runs(self, due: DueRecord) -> dict[UUID, ActiveExecution]:
+        """The other runs of the job that are not terminal: one execution each (a run's
+        attempts follow one another; its retry pending stands for it)."""
+        return {a.run_id: a for a in self.others(due) if a.run_id != due.run_id}
+
     def decide(self, due: DueRecord) -> Decision:
-        policy = due.job.concurrency_policy
-        if policy == "ALLOW" or due.reason not in NEW_RUN_REASONS or not self.others(due):
+        if due.reason not in NEW_RUN_REASONS:
             return "QUEUE"
-        return "SKIP" if policy == "FORBID" else "REPLACE"
+        if due.job.concurrency_policy == "REPLACE":
+            return "REPLACE" if self.others(due) else "QUEUE"
+        limit = run_limit(due.job)
+        if limit is None or len(self.active_runs(due)) < limit:
+            return "QUEUE"
+        return "SKIP"
+
+    def skip_reason(self, due: DueRecord) -> str:
+        """Why `decide` skipped `due`: what runs, under which rule."""
+        active = sorted(self.active_runs(due).values(), key=lambda a: (a.scheduled_at, str(a.execution_id)))
+        if due.job.concurrency_policy == "FORBID":
+            return (f"skipped: execution {active[0].execution_id} of this job is still "
+                    f"{active[0].status} (concurrency_policy FORBID)")
+        shown = ", ".join(f"{a.execution_id} ({a.status})" for a in active[:5])
+        more = f" and {len(active) - 5} more" if len(active) > 5 else ""
+        return (f"skipped: {len(active)} runs of this job are active, max_concurrent_runs is "
+                f"{due.job.max_concurrent_runs}: {shown}{more}")
 
     def queued(self, due: DueRecord, partition: int) -> None:
-        if due.job.concurrency_policy == "ALLOW" and due.job_id not in self.jobs:
+        if not tracked(due.job) and due.job_id not in self.jobs:
             return
         self._put(due.job_id, partition, ActiveExecution(
             execution_id=due.execution_id, run_id=due.run_id,

@@ -30,7 +30,7 @@ from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
-from cronstream.shared.fast_records import DueRecord, decode_due
+from cronstream.shared.fast_records import DueRecord, as_model, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7, new_event_id
 from cronstream.shared.inbound import Batch, Inbound
@@ -278,13 +278,14 @@ class DispatcherService:
         decision = self.policy.decide(due)
         self._decided[{"SKIP": "SKIPPED", "REPLACE": "REPLACED"}.get(decision, "QUEUED")] += 1
         if decision == "SKIP":
-            running = self.policy.others(due)[0]
             log(logger, "execution_skipped", job_id=due.job_id,
-                execution_id=str(due.execution_id), policy="FORBID")
+                execution_id=str(due.execution_id), policy=due.job.concurrency_policy,
+                max_concurrent_runs=due.job.max_concurrent_runs)
+            # With what the run was asked with (who, params, definition), as QUEUED would.
             return [self._event(due, hop, "SKIPPED", priority=due.job.priority, queue=due.job.queue,
-                                error_message=(
-                f"skipped: execution {running.execution_id} of this job is still "
-                f"{running.status} (concurrency_policy FORBID)"))]
+                                reason=due.reason, idempotency_key=due.idempotency_key,
+                                job=as_model(due).job, triggered_by=due.triggered_by,
+                                error_message=self.policy.skip_reason(due))]
         records = self._replace(due, msg, hop) if decision == "REPLACE" else []
         records.extend(self._queue(due, msg, hop))
         self.policy.queued(due, position(msg)[1])
@@ -308,7 +309,7 @@ class DispatcherService:
         queued = render_event(due, "QUEUED", fast_uuid7(), now_utc(), priority=job.priority,
                               queue=job.queue, reason=due.reason,
                               idempotency_key=due.idempotency_key, job=job,
-                              approved_by=due.approved_by)
+                              approved_by=due.approved_by, triggered_by=due.triggered_by)
         return [
             OutRecord(self.topics.execution_events, key, queued, hop.headers),
             # The work record is the JobDue itself, byte for byte.
@@ -337,7 +338,8 @@ class DispatcherService:
 
     def _observe(self, msg: Message) -> None:
         """An execution event: follow tracked jobs (bad events are the monitor's to
-        dead-letter). Events of untracked jobs — all ALLOW jobs — are not even decoded."""
+        dead-letter). Events of untracked jobs — ALLOW jobs without max_concurrent_runs —
+        are not even decoded."""
         key = msg.key()
         if key is None or key.decode("utf-8", "replace") not in self.policy.jobs:
             return

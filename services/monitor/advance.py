@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind
 from cronstream.services.monitor.dag import DAG_FINAL, decide, upstream_view
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.projection import ExecutionPatch
+from cronstream.services.monitor.upstream import decided_view, step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.db import query
 from cronstream.shared.kafka import OutRecord
@@ -58,12 +59,16 @@ class DagAdvancer:
                 states = await conn.fetch(query("run_states"), patch.run_id, depends_on)
                 if len(states) < len(depends_on) or any(s["status"] not in DAG_FINAL for s in states):
                     continue  # not every upstream is final in this run yet
-                verdict = decide(definition, upstream_view(list(states)))
+                outcomes = upstream_view(list(states))
+                verdict = decide(definition, outcomes)
                 step = retry_execution_id(row["job_id"], patch.run_id, 1)
                 claimed = await conn.fetchval(query("claim_evaluation"), patch.run_id, row["job_id"],
-                                              step, verdict.decision, verdict.detail)
+                                              step, verdict.decision, verdict.detail,
+                                              [outcomes[j]["execution_id"] for j in depends_on])
                 if claimed is None:
                     continue  # evaluated already in this run
+                view = await decided_view(conn, patch.run_id, depends_on, outcomes) \
+                    if verdict.decision == "RUN" else None
                 metrics.DAG_EVALUATIONS.labels(decision=verdict.decision).inc()
                 # The evaluation is part of the upstream execution's trace; the step's own
                 # trace links to it.
@@ -79,7 +84,8 @@ class DagAdvancer:
                         execution_id=str(step), decision=verdict.decision, detail=verdict.detail)
                 records.append(self.outbound.step(
                     JobDefinition.model_validate_json(row["definition"]), patch.run_id, step,
-                    decision=verdict.decision, detail=verdict.detail, evaluation=evaluation.headers))
+                    decision=verdict.decision, detail=verdict.detail, evaluation=evaluation.headers,
+                    definition_offset=row["definition_offset"], upstream=view))
                 evaluation.end()
         return records
 
@@ -113,7 +119,10 @@ class Decisions:
         log(logger, {"APPROVE": "execution_approved", "REJECT": "execution_rejected"}.get(
             command.command, "execution_cancelled"), job_id=row["job_id"],
             execution_id=str(row["execution_id"]), issued_by=command.issued_by)
-        due = self.outbound.due_of(row, reason="DEPENDENCY", approved_by=command.issued_by)
+        upstream = await step_upstream(conn, row["run_id"], row["job_id"]) \
+            if command.command == "APPROVE" else None
+        due = self.outbound.due_of(row, reason="DEPENDENCY", approved_by=command.issued_by,
+                                   upstream=upstream)
         hop = self.outbound.continued(f"cronstream.{command.command.lower()}", row, due)
         hop.end()
         if command.command == "APPROVE":

@@ -67,10 +67,11 @@ def decide(definition: Mapping[str, Any], upstream: Mapping[str, Mapping[str, An
 
 
 def upstream_view(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """From the latest attempt of each upstream in the run: its status and result."""
+    """From the latest attempt of each upstream in the run: its status, result and
+    execution_id."""
     view: dict[str, dict[str, Any]] = {}
     for row in rows:
         result = row["result"]
-        view[row["job_id"]] = {"status": row["status"],
+        view[row["job_id"]] = {"status": row["status"], "execution_id": row.get("execution_id"),
                                "result": json.loads(result) if isinstance(result, str) else result}
     return view

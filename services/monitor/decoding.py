@@ -22,6 +22,7 @@ from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import (
+    DELETED_BY_HEADER,
     MAX_LOG_BATCH_BYTES,
     Alert,
     Command,
@@ -36,13 +37,26 @@ from cronstream.shared.topics import Topics
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class DefinitionRecord:
+    """One record of `job-definitions`: a definition, or a delete (None) with who deleted
+    it when the tombstone says (DELETED_BY_HEADER); when it was written, and where."""
+
+    job_id: str
+    definition: JobDefinition | None
+    recorded_at: datetime
+    partition: int
+    offset: int
+    deleted_by: str | None = None
+
+
 @dataclass
 class MonitorBatch:
     """One consumed batch, decoded, each item with its partition and offset."""
 
     events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
-    definitions: list[tuple[str, JobDefinition | None, datetime, int, int]] = field(default_factory=list)
+    definitions: list[DefinitionRecord] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     logs: list[tuple[LogBatch, int, int]] = field(default_factory=list)
@@ -94,8 +108,9 @@ class Decoder:
                     job_id = decode_key(msg.key())
                     definition = None if msg.value() is None else decode(
                         JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-                    seen_at = from_epoch_ms(record_time_ms(msg))
-                    batch.definitions.append((job_id, definition, seen_at, partition, offset))
+                    batch.definitions.append(DefinitionRecord(
+                        job_id, definition, from_epoch_ms(record_time_ms(msg)), partition, offset,
+                        None if definition is not None else _deleted_by(msg)))
             except DecodeError as exc:
                 if topic == t.job_definitions:
                     log(logger, "definition_skipped", logging.WARNING, offset=offset,
@@ -110,3 +125,12 @@ class Decoder:
         traceparent = traceparent_of(msg.headers())
         if traceparent is not None:
             batch.traces[event.event_id] = traceparent
+
+
+def _deleted_by(msg: Message) -> str | None:
+    given = msg.headers()  # a list of (name, bytes) when read from Kafka
+    for header in given if isinstance(given, list) else []:
+        name, value = header
+        if name == DELETED_BY_HEADER and isinstance(value, bytes):
+            return value.decode("utf-8", "replace")[:256] or None
+    return None

@@ -45,6 +45,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
+from cronstream.services.monitor.upstream import step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.db import query
 from cronstream.shared.kafka import (
@@ -122,6 +123,7 @@ class Housekeeping:
                 await self.requeue_orphans()
         if self.rounds % FIGURES_EVERY == 0:
             await self.refresh_next_executions()
+            await self.resolve_definition_versions()
             if watching:  # one monitor measures the fleet-wide gauges, so that sums stay true
                 await self.measure_fleet()
 
@@ -144,7 +146,8 @@ class Housekeeping:
         running = [row for worker_id, ends in fenced_below.items()
                    for row in await self.pool.fetch(query("running_on_worker_before"), worker_id, ends)]
         records = [r for row in running for r in self.outbound.requeue(
-            row, f"worker {row['worker_id']} stopped sending heartbeats")]
+            row, f"worker {row['worker_id']} stopped sending heartbeats",
+            await step_upstream(self.pool, row["run_id"], row["job_id"]))]
         await self._publish(records)
         await self.pool.execute(query("mark_workers_offline"), ids)
         metrics.REQUEUES.labels(reason="dead_worker").inc(len(running))
@@ -194,7 +197,8 @@ class Housekeeping:
             query("still_running"), [r["execution_id"] for r in candidates])}
         orphans = [r for r in candidates if (r["execution_id"], r["delivery"]) in still]
         records = [r for row in orphans for r in self.outbound.requeue(
-            row, f"worker {row['worker_id']} does not run it (its start was never confirmed)")]
+            row, f"worker {row['worker_id']} does not run it (its start was never confirmed)",
+            await step_upstream(self.pool, row["run_id"], row["job_id"]))]
         await self._publish(records)
         metrics.REQUEUES.labels(reason="orphan").inc(len(orphans))
 
@@ -269,6 +273,14 @@ class Housekeeping:
             ids.append(job_id)
             times.append(upcoming)
         await self.pool.execute(query("set_next_execution"), ids, times)
+
+    async def resolve_definition_versions(self) -> None:
+        """Name the definition version of executions projected in a transaction that
+        overlapped their definition's (two monitors: neither saw the other's row)."""
+        rows = await self.pool.fetch(query("unresolved_definition_versions"))
+        if rows:
+            await self.pool.execute(query("set_definition_versions"),
+                                    [r["execution_id"] for r in rows], [r["version"] for r in rows])
 
     async def measure_fleet(self) -> None:
         """Queue depth per tier and queue (the workers group's lag on each work topic) and

@@ -24,6 +24,7 @@ from cronstream.shared.records import (
     JobDefinition,
     JobDue,
     JobSnapshot,
+    Upstream,
     now_utc,
 )
 from cronstream.shared.schedule import to_millis
@@ -59,20 +60,22 @@ class Outbound:
     # -- DAG steps ------------------------------------------------------------------------
 
     def step(self, definition: JobDefinition, run_id: UUID, step: UUID, *, decision: str,
-             detail: str, evaluation: Headers) -> OutRecord:
-        """What a DAG step's evaluation publishes: its JobDue (RUN), or its SKIPPED or
-        AWAITING_APPROVAL event — the root of the step's own trace, which links to the
-        evaluation (in the upstream execution's trace)."""
+             detail: str, evaluation: Headers, definition_offset: int | None = None,
+             upstream: Upstream | None = None) -> OutRecord:
+        """What a DAG step's evaluation publishes: its JobDue (RUN, with its view of the
+        run's upstreams), or its SKIPPED or AWAITING_APPROVAL event — the root of the step's
+        own trace, which links to the evaluation (in the upstream execution's trace)."""
         span = root("cronstream.fire", messaging(self.topics.job_due, job_id=definition.job_id,
                                                  execution_id=step, reason="DEPENDENCY")
                     if recording() else None, links=link_to(evaluation))
         headers = headers_of(span)
         span.end()
         now = to_millis(now_utc())
-        snapshot = JobSnapshot.of(definition)
+        snapshot = JobSnapshot.of(definition, definition_offset)
         key = step_idempotency_key(definition.job_id, run_id, snapshot.params)
         due = JobDue(execution_id=step, job_id=definition.job_id, run_id=run_id, scheduled_at=now,
-                     attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot)
+                     attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot,
+                     upstream=upstream)
         if decision == "RUN":
             return self.due(due, headers)
         status: ExecutionStatus = "SKIPPED" if decision == "SKIP" else "AWAITING_APPROVAL"
@@ -96,15 +99,16 @@ class Outbound:
             "reason": row.get("reason") or "REQUEUE", "delivery": row["delivery"],
             "idempotency_key": requeue_idempotency_key(row["idempotency_key"], row["job_id"],
                                                        row["run_id"]),
-            "job": job,
+            "job": job, "triggered_by": row.get("triggered_by"),
         }
         values.update(changes)
         return JobDue(**values)
 
-    def requeue(self, row: Any, why: str) -> list[OutRecord]:
+    def requeue(self, row: Any, why: str, upstream: Upstream | None = None) -> list[OutRecord]:
         """REQUEUED and the JobDue of the next delivery: the execution runs again elsewhere
-        (same execution_id and trace; events of the older delivery are stale from now on)."""
-        due = self.due_of(row, reason="REQUEUE", delivery=row["delivery"] + 1)
+        (same execution_id and trace, and a DAG step's same `upstream`; events of the older
+        delivery are stale from now on)."""
+        due = self.due_of(row, reason="REQUEUE", delivery=row["delivery"] + 1, upstream=upstream)
         hop = self.continued("cronstream.requeue", row, due)
         log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
             delivery=due.delivery, reason=why, worker_id=row["worker_id"],

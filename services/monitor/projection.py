@@ -54,6 +54,8 @@ class ExecutionPatch:
     cancelled_by: str | None = None
     trace_id: str | None = None
     traceparent: str | None = None
+    triggered_by: str | None = None
+    definition_offset: int | None = None  # of the definition its snapshot was taken from
 
     @classmethod
     def start(cls, event: EventRecord) -> ExecutionPatch:
@@ -109,6 +111,7 @@ class ExecutionPatch:
         self.idempotency_key = event.idempotency_key or self.idempotency_key
         if event.job is not None:
             self.job = event.job.model_dump_json()
+            self.definition_offset = event.job.definition_offset
         if event.error_message is not None:
             self.error_message = event.error_message
         if event.result is not None:
@@ -118,6 +121,7 @@ class ExecutionPatch:
         self.approved_by = event.approved_by or self.approved_by
         self.rejected_by = event.rejected_by or self.rejected_by
         self.cancelled_by = event.cancelled_by or self.cancelled_by
+        self.triggered_by = event.triggered_by or self.triggered_by
 
 
 def fold(events: list[EventRecord], traces: dict[UUID, str] | None = None
@@ -146,7 +150,7 @@ _PATCH_COLUMNS = (
     "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
     "progress", "progress_message", "priority", "queue", "last_event", "updated_at", "reason",
     "idempotency_key", "job", "approved_by", "rejected_by", "cancelled_by", "trace_id",
-    "traceparent",
+    "traceparent", "triggered_by", "definition_offset",
 )
 
 

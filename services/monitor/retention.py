@@ -1,6 +1,9 @@
 """Retention: delete what is older than `retention_days`, in bounded batches.
 
-`job_executions`, `execution_events` and `execution_logs` would otherwise grow forever.
+`job_executions`, `execution_events` and `execution_logs` would otherwise grow forever;
+so would the definition history (`job_definition_versions`), kept as long as the runs
+that used each version: a version goes once a later one has been current for
+`retention_days`, and a job's latest version never does (decision 0036).
 Every batch is one short transaction of its own (`shared/sql/retention.sql`): at most
 `retention_batch` executions with their events and logs, oldest first through the
 `scheduled_at` index, skipping rows the projection holds (SKIP LOCKED). So the
@@ -35,7 +38,7 @@ SQL = "retention.sql"
 _LOCK_KEY = 0x7072756E  # "prun"
 # What a sweep deletes, in this order: executions (with their events) first, so that a
 # stopped sweep leaves the oldest data, never orphans.
-TABLES = ("executions", "alerts", "dag_evaluations", "workers")
+TABLES = ("executions", "alerts", "dag_evaluations", "workers", "definition_versions")
 # Between batches the sweep sleeps as long as the batch took (at least PAUSE_SECONDS): it
 # takes at most half of the database's time, however busy it is, and the projection's
 # transactions get through. Retention is never urgent.

@@ -20,12 +20,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from cronstream.services.monitor.decoding import MonitorBatch
+from cronstream.services.monitor.decoding import DefinitionRecord, MonitorBatch
 from cronstream.services.monitor.projection import (
     ExecutionPatch,
     alert_arrays,
@@ -37,7 +36,7 @@ from cronstream.services.monitor.projection import (
 from cronstream.shared.db import query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, Heartbeat, JobDefinition, LogBatch, now_utc
+from cronstream.shared.records import Alert, Command, Heartbeat, LogBatch, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.topics import Topics
 
@@ -51,7 +50,7 @@ class Fresh:
     conn: Any
     events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[Heartbeat] = field(default_factory=list)
-    definitions: list[tuple[str, JobDefinition | None, datetime]] = field(default_factory=list)
+    definitions: list[DefinitionRecord] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     logs: list[LogBatch] = field(default_factory=list)
@@ -183,7 +182,8 @@ class ProjectionStore:
                 conn,
                 events=[e for e in batch.events if new(t.execution_events, e[1], e[2])],
                 beats=[b for b, p, o in batch.beats if new(t.heartbeats, p, o)],
-                definitions=[d[:3] for d in batch.definitions if new(t.job_definitions, d[3], d[4])],
+                definitions=[d for d in batch.definitions
+                             if new(t.job_definitions, d.partition, d.offset)],
                 commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
                 alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
                 logs=[b for b, p, o in batch.logs if new(t.execution_logs, p, o)],
@@ -216,6 +216,10 @@ class ProjectionStore:
         conn = fresh.conn
         tidy = cleaned if sanitize else (lambda columns: columns)
         patches: list[ExecutionPatch] = []
+        # Definitions first: an execution of a definition projected in the same batch names
+        # its version at once.
+        for record in fresh.definitions:
+            await self._definition(conn, record, sanitize)
         if fresh.events:
             await insert_events(conn, event_rows(fresh.events, fresh.traces), sanitize)
             patches = sorted(fold([e for e, _, _ in fresh.events], fresh.traces).values(),
@@ -227,14 +231,23 @@ class ProjectionStore:
             await conn.execute(query("upsert_alerts"), *tidy(alert_arrays(fresh.alerts)))
         if fresh.logs:
             await insert_logs(conn, fresh.logs)
-        for job_id, definition, seen_at in fresh.definitions:
-            await self._definition(conn, job_id, definition, seen_at, sanitize)
         return patches
 
-    async def _definition(self, conn: Any, job_id: str, d: JobDefinition | None, seen_at: datetime,
-                          sanitize: bool) -> None:
+    async def _definition(self, conn: Any, record: DefinitionRecord, sanitize: bool) -> None:
+        """A definition (or a delete) of `job-definitions`: the job's row, its DAG edges and
+        its next version (history), with the executions that ran it and were projected
+        before it (another monitor's batch) given that version."""
+        job_id, d, seen_at = record.job_id, record.definition, record.recorded_at
+        document = None if d is None else d.model_dump_json()
+        if sanitize and document is not None:
+            document = clean(document)
+        version = await conn.fetchval(
+            query("insert_definition_version"), job_id, document,
+            d.created_by if d is not None else record.deleted_by, seen_at, record.offset)
+        if version is not None:
+            await conn.execute(query("resolve_version_of_executions"), job_id, record.offset, version)
         if d is None:
-            await conn.execute(query("delete_definition"), job_id, seen_at)
+            await conn.execute(query("delete_definition"), job_id, seen_at, version)
             await conn.execute(query("delete_dependencies"), job_id)
             return
         upcoming = None
@@ -249,7 +262,7 @@ class ProjectionStore:
             d.requires_approval, d.handler, json.dumps(d.params), d.max_retries,
             d.retry_delay_seconds, d.max_retry_delay_seconds, d.timeout_seconds, d.priority,
             d.queue, d.concurrency_policy, d.misfire_policy, d.misfire_grace_seconds, d.enabled,
-            d.created_by, d.created_at, upcoming, seen_at, d.model_dump_json(),
+            d.created_by, d.created_at, upcoming, seen_at, document, version, record.offset,
         ]
         if sanitize:
             args = [clean(a) for a in args]

@@ -76,7 +76,7 @@ class JobClock:
     @property
     def snapshot(self) -> JobSnapshot:
         if self._snapshot is None:
-            self._snapshot = JobSnapshot.of(self.definition)
+            self._snapshot = JobSnapshot.of(self.definition, self.offset)
         return self._snapshot
 
     def fragments(self) -> tuple[str, str, str | None]:
@@ -123,7 +123,8 @@ def render_due(job: JobClock, fire_ms: int) -> Fire:
     value = (f'{{"schema_version":1,"execution_id":"{execution}","job_id":{job_json},'
              f'"run_id":"{run}","scheduled_at":"{json_time}","attempt_number":1,'
              f'"reason":"SCHEDULE","delivery":1,"idempotency_key":{key},'
-             f'"job":{snapshot_json},"approved_by":null}}').encode()
+             f'"job":{snapshot_json},"approved_by":null,"triggered_by":null,'
+             f'"upstream":null}}').encode()
     return Fire(job.job_id, fire_ms, execution, value)
 
 
@@ -374,10 +375,12 @@ class Clock:
     @staticmethod
     def fires_ahead(job: JobClock) -> bool:
         """Whether `job`'s fires may be committed before they are due: only under
-        concurrency_policy ALLOW, where nothing is decided by what else runs at the time
-        (docs/decisions/0027). Never retries: their delay is the backoff."""
+        concurrency_policy ALLOW without max_concurrent_runs, where nothing is decided by
+        what else runs at the time (docs/decisions/0027). Never retries: their delay is
+        the backoff."""
         try:
-            return job.definition.concurrency_policy == "ALLOW"
+            definition = job.definition
+            return definition.concurrency_policy == "ALLOW" and definition.max_concurrent_runs is None
         except ValidationError:
             return False  # suspended when it is due, by _plan_job
 

@@ -4,7 +4,8 @@ The parent (pool.py) talks to each child over two pipes, in JSON — never pickl
 first, one JSON array per line:
 
     parent → child  [handler, execution_id, job_id, run_id, attempt_number,
-                     idempotency_key, scheduled_at, params, [[header, base64 value]...]]
+                     idempotency_key, scheduled_at, params, [[header, base64 value]...],
+                     upstream (a DAG step's view of its run, else null)]
     child → parent  ["progress", 40, "message"]
                     ["log", [[epoch seconds, stream, level, text]...]]
                     ["done", "COMPLETED", result, error, traceback]
@@ -40,9 +41,9 @@ import msgspec
 
 from cronstream.handlers import REGISTRY, Context
 from cronstream.services.worker.capture import Line, ProcessCapture, RunLog
-from cronstream.services.worker.runner import failed, returned
+from cronstream.services.worker.runner import failed, returned, upstream_view
 from cronstream.shared import telemetry
-from cronstream.shared.fast_records import DueRecord
+from cronstream.shared.fast_records import DueRecord, FastUpstream, upstream_of
 from cronstream.shared.telemetry import Headers
 
 BUILTINS = "cronstream.services.worker.builtins"
@@ -63,6 +64,7 @@ class RunMessage(msgspec.Struct, array_like=True, frozen=True):
     scheduled_at: datetime
     params: dict[str, Any]
     trace: Sequence[tuple[str, bytes | None]]
+    upstream: FastUpstream | None = None
 
 
 _encode = msgspec.json.Encoder().encode
@@ -72,7 +74,8 @@ def run_message(due: DueRecord, trace: Headers | None) -> bytes:
     """The line that sends a child `due` to run (RunMessage)."""
     return _encode(RunMessage(
         due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
-        due.idempotency_key, due.scheduled_at, due.job.params, trace or [])) + b"\n"
+        due.idempotency_key, due.scheduled_at, due.job.params, trace or [],
+        upstream_of(due))) + b"\n"
 
 
 def lines(fd: int) -> Iterator[bytes]:
@@ -208,7 +211,7 @@ def _run(run: RunMessage, up: _Up, cancel: threading.Event) -> bytes:
             execution_id=run.execution_id, job_id=run.job_id, run_id=run.run_id,
             attempt_number=run.attempt_number, idempotency_key=run.idempotency_key,
             scheduled_at=run.scheduled_at, params=run.params, traceparent=traceparent,
-            _progress=progress, _cancel=cancel)
+            _progress=progress, _cancel=cancel, _upstream=upstream_view(run.upstream))
         try:
             result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
         except Exception as exc:

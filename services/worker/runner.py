@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cronstream.handlers import Context, NonRetryableError
+from cronstream.handlers import Context, NonRetryableError, Upstream, UpstreamResult
 from cronstream.services.worker.capture import Line, format_traceback
-from cronstream.shared.fast_records import DueRecord
+from cronstream.shared.fast_records import DueRecord, FastUpstream
 from cronstream.shared.records import MAX_RESULT_BYTES
+from cronstream.shared.records import Upstream as UpstreamRecord
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
 ProgressFn = Callable[[float, str | None], None]
@@ -149,4 +150,13 @@ def make_context(due: DueRecord, progress: ProgressFn, cancel: threading.Event,
         traceparent=traceparent,
         _progress=progress,
         _cancel=cancel,
+        _upstream=upstream_view(due.upstream),
     )
+
+
+def upstream_view(upstream: UpstreamRecord | FastUpstream | None) -> Upstream | None:
+    """A DAG step's `ctx.upstream` from its JobDue's view (None for any other execution)."""
+    if upstream is None:
+        return None
+    return Upstream({job_id: UpstreamResult(e.execution_id, e.status, e.result_omitted, e.result)
+                     for job_id, e in upstream.executions.items()}, upstream.root_params)

@@ -19,7 +19,8 @@ CREATE TEMP TABLE IF NOT EXISTS staged_executions (
     attempt_number int, delivery int, error_message text, result jsonb, progress real,
     progress_message text, priority text, queue text, last_event text, updated_at timestamptz,
     reason text, idempotency_key text, job jsonb, approved_by text, rejected_by text,
-    cancelled_by text, trace_id text, traceparent text
+    cancelled_by text, trace_id text, traceparent text, triggered_by text,
+    definition_offset bigint
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS staged_log_lines (
     execution_id uuid, delivery int, seq int, job_id text, attempt_number int,
@@ -55,17 +56,22 @@ ON CONFLICT (event_id) DO NOTHING;
 -- Each row is the fold of one batch's events for one execution (projection.py). The
 -- WHERE clause is the transition guard: terminal rows are final, older deliveries stale.
 -- A newer delivery (after a requeue) replaces the run fields instead of merging them.
+-- The definition version a run used is the version of the record its snapshot names (one
+-- projected later is resolved then: resolve_definition_versions).
 INSERT INTO job_executions AS je (
     execution_id, job_id, run_id, status, scheduled_at, queued_at, started_at, completed_at,
     worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
     priority, queue, last_event, updated_at, reason, idempotency_key, job, approved_by,
-    rejected_by, cancelled_by, trace_id, traceparent)
+    rejected_by, cancelled_by, trace_id, traceparent, triggered_by, definition_offset,
+    definition_version)
 SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
        p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message, p.result,
        p.progress, p.progress_message, p.priority, p.queue, p.last_event, p.updated_at,
        p.reason, p.idempotency_key, p.job, p.approved_by, p.rejected_by, p.cancelled_by,
-       p.trace_id, p.traceparent
+       p.trace_id, p.traceparent, p.triggered_by, p.definition_offset, v.version
 FROM staged_executions AS p
+LEFT JOIN job_definition_versions AS v
+       ON v.job_id = p.job_id AND v.kafka_offset = p.definition_offset
 ORDER BY p.execution_id  -- rows are locked in one order by every monitor
 ON CONFLICT (execution_id) DO UPDATE SET
     status = EXCLUDED.status,
@@ -93,6 +99,9 @@ ON CONFLICT (execution_id) DO UPDATE SET
     cancelled_by = COALESCE(EXCLUDED.cancelled_by, je.cancelled_by),
     trace_id = COALESCE(je.trace_id, EXCLUDED.trace_id),
     traceparent = COALESCE(EXCLUDED.traceparent, je.traceparent),
+    triggered_by = COALESCE(EXCLUDED.triggered_by, je.triggered_by),
+    definition_offset = COALESCE(EXCLUDED.definition_offset, je.definition_offset),
+    definition_version = COALESCE(EXCLUDED.definition_version, je.definition_version),
     updated_at = EXCLUDED.updated_at
 WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                         'SKIPPED')
@@ -123,9 +132,9 @@ INSERT INTO job_definitions AS d (
     depends_on, trigger_rule, condition, requires_approval, handler, params, max_retries,
     retry_delay_seconds, max_retry_delay_seconds, timeout_seconds, priority, queue,
     concurrency_policy, misfire_policy, misfire_grace_seconds, enabled, created_by, created_at,
-    deleted_at, next_execution_at, updated_at, definition)
+    deleted_at, next_execution_at, updated_at, definition, version, definition_offset)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18,
-        $19, $20, $21, $22, $23, $24, $25, $26, $27, NULL, $28, $29, $30::jsonb)
+        $19, $20, $21, $22, $23, $24, $25, $26, $27, NULL, $28, $29, $30::jsonb, $31, $32)
 ON CONFLICT (job_id) DO UPDATE SET
     name = EXCLUDED.name, type = EXCLUDED.type, schedule = EXCLUDED.schedule,
     interval_seconds = EXCLUDED.interval_seconds, run_at = EXCLUDED.run_at,
@@ -141,11 +150,47 @@ ON CONFLICT (job_id) DO UPDATE SET
     misfire_grace_seconds = EXCLUDED.misfire_grace_seconds, enabled = EXCLUDED.enabled,
     created_by = EXCLUDED.created_by, created_at = COALESCE(EXCLUDED.created_at, d.created_at),
     deleted_at = NULL, next_execution_at = EXCLUDED.next_execution_at,
-    updated_at = EXCLUDED.updated_at, definition = EXCLUDED.definition;
+    updated_at = EXCLUDED.updated_at, definition = EXCLUDED.definition,
+    version = COALESCE(EXCLUDED.version, d.version), definition_offset = EXCLUDED.definition_offset;
 
 -- name: delete_definition
-UPDATE job_definitions SET deleted_at = $2, next_execution_at = NULL, updated_at = $2
+UPDATE job_definitions SET deleted_at = $2, next_execution_at = NULL, updated_at = $2,
+                           version = COALESCE($3, version)
 WHERE job_id = $1 AND deleted_at IS NULL;
+
+-- name: insert_definition_version
+-- The next version of job $1 from the record at offset $5: a definition ($2), or a delete
+-- ($2 NULL) of a job whose latest version is not a delete already. Returns the version, or
+-- nothing (a delete of nothing; the record projected already).
+WITH latest AS (
+    SELECT version, definition IS NULL AS deleted FROM job_definition_versions
+    WHERE job_id = $1 ORDER BY version DESC LIMIT 1
+)
+INSERT INTO job_definition_versions (job_id, version, definition, created_by, recorded_at,
+                                     kafka_offset)
+SELECT $1, COALESCE((SELECT version FROM latest), 0) + 1, $2::jsonb, $3, $4, $5
+WHERE $2::jsonb IS NOT NULL OR EXISTS (SELECT 1 FROM latest WHERE NOT deleted)
+ON CONFLICT (job_id, kafka_offset) DO NOTHING
+RETURNING version;
+
+-- name: resolve_version_of_executions
+-- Executions of job $1 projected before the version $3 of the record at offset $2.
+UPDATE job_executions SET definition_version = $3
+WHERE job_id = $1 AND definition_offset = $2 AND definition_version IS NULL;
+
+-- name: unresolved_definition_versions
+-- Executions whose definition version was projected in a transaction that overlapped
+-- theirs (two monitors): what resolve_version_of_executions could not see yet.
+SELECT e.execution_id, v.version
+FROM job_executions e
+JOIN job_definition_versions v ON v.job_id = e.job_id AND v.kafka_offset = e.definition_offset
+WHERE e.definition_version IS NULL AND e.definition_offset IS NOT NULL
+LIMIT 10000;
+
+-- name: set_definition_versions
+UPDATE job_executions e SET definition_version = u.version
+FROM unnest($1::uuid[], $2::int[]) AS u(execution_id, version)
+WHERE e.execution_id = u.execution_id AND e.definition_version IS NULL;
 
 -- name: delete_dependencies
 DELETE FROM job_dependencies WHERE downstream_job_id = $1;
@@ -230,28 +275,44 @@ SELECT execution_id, job_id, run_id, status, scheduled_at, attempt_number, deliv
 FROM job_executions WHERE execution_id = $1;
 
 -- name: dag_downstreams
-SELECT d.job_id, d.definition
+SELECT d.job_id, d.definition, d.definition_offset
 FROM job_dependencies dep
 JOIN job_definitions d ON d.job_id = dep.downstream_job_id
 WHERE dep.upstream_job_id = $1 AND d.deleted_at IS NULL AND d.enabled;
 
 -- name: run_states
 -- The latest attempt of each of the given jobs in one run.
-SELECT DISTINCT ON (job_id) job_id, status, result, traceparent
+SELECT DISTINCT ON (job_id) job_id, execution_id, status, result, traceparent
 FROM job_executions
 WHERE run_id = $1 AND job_id = ANY($2::text[])
 ORDER BY job_id, attempt_number DESC, updated_at DESC;
 
 -- name: claim_evaluation
-INSERT INTO dag_evaluations (run_id, job_id, execution_id, decision, detail)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO dag_evaluations (run_id, job_id, execution_id, decision, detail, upstream_executions)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (run_id, job_id) DO NOTHING
 RETURNING execution_id;
 
 -- name: awaiting_execution
 SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, idempotency_key, job,
-       traceparent
+       traceparent, reason, triggered_by
 FROM job_executions WHERE execution_id = $1 AND status = 'AWAITING_APPROVAL';
+
+-- name: step_upstream
+-- The upstream executions DAG step $2 of run $1 saw when it was decided, in its
+-- depends_on order, as they are now (final: they do not change).
+SELECT u.job_id, u.execution_id, u.status, u.result::text AS result
+FROM dag_evaluations ev
+CROSS JOIN LATERAL unnest(ev.upstream_executions) WITH ORDINALITY AS x(execution_id, n)
+JOIN job_executions u ON u.execution_id = x.execution_id
+WHERE ev.run_id = $1 AND ev.job_id = $2
+ORDER BY x.n;
+
+-- name: run_first_attempts
+-- The first attempts of run $1, among them its root's (the one whose run id its job and
+-- scheduled_at derive: advance.py), with the params each ran with.
+SELECT job_id, scheduled_at, (job->'params')::text AS params
+FROM job_executions WHERE run_id = $1 AND attempt_number = 1;
 
 -- name: dead_workers
 SELECT worker_id, last_heartbeat FROM workers
@@ -265,7 +326,7 @@ WHERE status <> 'OFFLINE' AND last_heartbeat < now() - make_interval(secs => $1)
 -- execution_events (pruned) counts as before.
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
        e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
-       e.job IS NULL AS from_definition, e.traceparent
+       e.job IS NULL AS from_definition, e.traceparent, e.triggered_by
 FROM job_executions e
 LEFT JOIN job_definitions d ON d.job_id = e.job_id
 WHERE e.status = 'RUNNING' AND e.worker_id = $1
@@ -375,7 +436,7 @@ LIMIT 100;
 -- is certain).
 SELECT e.execution_id, e.job_id, e.run_id, e.scheduled_at, e.attempt_number, e.delivery,
        e.idempotency_key, e.worker_id, e.reason, COALESCE(e.job, d.definition) AS job,
-       e.job IS NULL AS from_definition, e.traceparent
+       e.job IS NULL AS from_definition, e.traceparent, e.triggered_by
 FROM job_executions e
 JOIN workers w ON w.worker_id = e.worker_id
 LEFT JOIN job_definitions d ON d.job_id = e.job_id
@@ -394,7 +455,7 @@ WHERE execution_id = ANY($1::uuid[]) AND status = 'RUNNING';
 SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
        started_at, completed_at, worker_id, progress, progress_message, error_message,
        result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
-       updated_at
+       updated_at, triggered_by, definition_version, (job->'params')::text AS params
 FROM job_executions
 WHERE ($1::text IS NULL OR job_id = $1) AND ($2::text IS NULL OR status = $2)
 ORDER BY scheduled_at DESC, job_id, attempt_number DESC
@@ -404,7 +465,7 @@ LIMIT $3;
 SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
        started_at, completed_at, worker_id, progress, progress_message, error_message,
        result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
-       updated_at
+       updated_at, triggered_by, definition_version, (job->'params')::text AS params
 FROM job_executions WHERE execution_id = $1;
 
 -- name: execution_timeline
@@ -452,7 +513,7 @@ FROM job_executions WHERE run_id = $1
 ORDER BY scheduled_at, job_id, attempt_number;
 
 -- name: get_definition
-SELECT definition::text AS definition, next_execution_at, updated_at
+SELECT definition::text AS definition, next_execution_at, updated_at, version
 FROM job_definitions WHERE job_id = $1 AND deleted_at IS NULL;
 
 -- name: job_downstream_ids
@@ -495,3 +556,13 @@ SELECT DISTINCT upstream_job_id FROM job_dependencies WHERE upstream_job_id = AN
 
 -- name: postmaster_started
 SELECT pg_postmaster_start_time();
+
+-- name: definition_history
+-- Every version of a job's definition kept (SPEC §11: `cronstream history`), oldest first.
+SELECT job_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
+FROM job_definition_versions WHERE job_id = $1
+ORDER BY version;
+
+-- name: definition_version
+SELECT job_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
+FROM job_definition_versions WHERE job_id = $1 AND version = $2;

@@ -60,6 +60,21 @@ WITH doomed AS (
 )
 DELETE FROM dag_evaluations WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
 
+-- name: prune_definition_versions
+-- Versions that stopped being current before $1 (a later version of the job was recorded
+-- before $1, so the runs that used them are as old): never a job's latest version.
+WITH doomed AS (
+    SELECT v.ctid FROM job_definition_versions v
+    WHERE v.recorded_at < $1
+      AND EXISTS (SELECT 1 FROM job_definition_versions later
+                  WHERE later.job_id = v.job_id AND later.version > v.version
+                    AND later.recorded_at < $1)
+    ORDER BY v.recorded_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM job_definition_versions WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed));
+
 -- name: prune_workers
 -- Workers OFFLINE since before $1 (a worker that comes back re-registers by heartbeat).
 WITH doomed AS (
@@ -82,7 +97,12 @@ SELECT
      WHERE fired_at < $1 AND (state = 'RESOLVED' OR kind = 'EXECUTION_PERMANENTLY_FAILED'))
         AS alerts,
     (SELECT count(*) FROM dag_evaluations WHERE decided_at < $1) AS dag_evaluations,
-    (SELECT count(*) FROM workers WHERE status = 'OFFLINE' AND last_heartbeat < $1) AS workers;
+    (SELECT count(*) FROM workers WHERE status = 'OFFLINE' AND last_heartbeat < $1) AS workers,
+    (SELECT count(*) FROM job_definition_versions v
+     WHERE v.recorded_at < $1
+       AND EXISTS (SELECT 1 FROM job_definition_versions later
+                   WHERE later.job_id = v.job_id AND later.version > v.version
+                     AND later.recorded_at < $1)) AS definition_versions;
 
 -- name: try_retention_lock
 -- One sweeper at a time across monitors (session lock; released with the connection).

@@ -190,13 +190,14 @@ def test_fast_renderers_match_the_models_byte_for_byte(fire: datetime) -> None:
 
 
 def check_render(d: JobDefinition, fire: datetime) -> None:
-    job = JobClock("j", 0, d.to_json())
+    job = JobClock("j", 5, d.to_json())
     rendered = render_due(job, ms(fire))
     expected = JobDue(execution_id=execution_id("j", fire, 1), job_id="j", run_id=run_id("j", fire),
                       scheduled_at=fire, attempt_number=1, reason="SCHEDULE",
                       idempotency_key=idempotency_key("j", fire, d.params),
-                      job=JobSnapshot.of(d))
+                      job=JobSnapshot.of(d, definition_offset=5))
     assert rendered.value == expected.to_json()
+    assert json.loads(rendered.value)["job"]["definition_offset"] == 5, "names its definition"
     assert rendered.execution_id == str(expected.execution_id)
     for next_ms, last_ms in ((ms(fire), None), (None, ms(fire))):
         model = SchedulerState(job_id="j", definition_offset=7, next_fire_ms=next_ms, last_fire_ms=last_ms)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from uuid import uuid4
+
 from typing import Any
 
 import pytest
@@ -57,7 +59,9 @@ def test_approval_parks_only_when_the_step_would_run() -> None:
 
 
 def test_upstream_view_reads_json_results() -> None:
-    view = upstream_view([{"job_id": "a", "status": "COMPLETED", "result": '{"rows": 2}'},
-                          {"job_id": "b", "status": "SKIPPED", "result": None}])
-    assert view == {"a": {"status": "COMPLETED", "result": {"rows": 2}},
-                    "b": {"status": "SKIPPED", "result": None}}
+    a, b = uuid4(), uuid4()
+    view = upstream_view([{"job_id": "a", "execution_id": a, "status": "COMPLETED",
+                           "result": '{"rows": 2}'},
+                          {"job_id": "b", "execution_id": b, "status": "SKIPPED", "result": None}])
+    assert view == {"a": {"status": "COMPLETED", "execution_id": a, "result": {"rows": 2}},
+                    "b": {"status": "SKIPPED", "execution_id": b, "result": None}}

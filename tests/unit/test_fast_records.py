@@ -87,6 +87,8 @@ def _same(fast: FastEvent | FastDue, model: ExecutionEvent | JobDue) -> None:
         got, want = getattr(fast, name), getattr(model, name)
         if name == "job" and want is not None:
             assert json.loads(got.to_json()) == json.loads(want.to_json())
+        elif name == "upstream" and want is not None:
+            assert json.loads(msgspec.json.encode(got)) == json.loads(want.model_dump_json())
         else:
             assert (got, type(got)) == (want, type(want)), name
     if isinstance(fast, FastEvent):
@@ -133,10 +135,11 @@ def _mutate(rng: random.Random, event: dict[str, Any], fields: list[str] = FIELD
         name = rng.choice(fields)
         value = rng.choice(NASTY)
         target = event
-        if name.startswith("job."):
-            if not isinstance(event.get("job"), dict):
-                event["job"] = {"handler": "noop"}
-            target, name = event["job"], name[4:]
+        if "." in name:
+            outer, name = name.split(".", 1)
+            if not isinstance(event.get(outer), dict):
+                event[outer] = {"handler": "noop"} if outer == "job" else {}
+            target = event[outer]
         if rng.random() < 0.15:
             target.pop(name, None)
         else:
@@ -158,6 +161,16 @@ def _job_due(rng: random.Random) -> dict[str, Any]:
     due["reason"] = rng.choice(REASONS)
     if rng.random() < 0.3:
         due["approved_by"] = rng.choice(["alice@example.com", "ui/token"])
+    if rng.random() < 0.3:
+        due["triggered_by"] = rng.choice(["alice@host", "ui/token", "é" * 256])
+    if rng.random() < 0.4:  # a DAG step's view of its run
+        due["upstream"] = {
+            "root_params": rng.choice([{}, {"region": "eu", "n": [1, None]}]),
+            "executions": {rng.choice(["extract", "a.b-c_d"]): {
+                "execution_id": str(uuid.uuid4()),
+                "status": rng.choice(["COMPLETED", "SKIPPED", "PERMANENTLY_FAILED"]),
+                "result": rng.choice([None, {"rows": 3}, [1, "two"], 2**70]),
+                "result_omitted": rng.choice([False, True])}}}
     return due
 
 
@@ -175,7 +188,9 @@ def test_valid_job_dues_take_the_fast_path_with_the_models_values() -> None:
 
 
 DUE_FIELDS = [*JobDue.model_fields, "unknown_field", "job.handler", "job.params",
-              "job.timeout_seconds", "job.queue", "job.extra"]
+              "job.timeout_seconds", "job.queue", "job.extra", "job.max_concurrent_runs",
+              "job.definition_offset", "upstream.root_params", "upstream.executions",
+              "upstream.extra"]
 
 
 # name: (model, fast decoder, fast record, a valid record, the fields to mutate, seed)
