@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
-
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
