@@ -44,7 +44,11 @@ def parse_param(given: str) -> tuple[str, Any]:
 
 def _read_file(path: str) -> dict[str, Any]:
     try:
-        text = sys.stdin.read() if path == "-" else click.open_file(path).read()
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
     except OSError as exc:
         raise click.BadParameter(f"{path}: {exc.strerror or exc}", param_hint="'--params-file'") from None
     where = "stdin" if path == "-" else path

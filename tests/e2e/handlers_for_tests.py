@@ -71,6 +71,27 @@ def context(ctx: Context) -> dict[str, Any]:
             "traceparent": ctx.traceparent}
 
 
+@handler("test.upstream")
+def upstream(ctx: Context) -> dict[str, Any]:
+    """Returns what it saw of its run: each upstream's final execution (a result too large
+    to come with the step as "<omitted>"), the run's root params and its own params; fails
+    the attempts before params.fail_before_attempt."""
+    from cronstream.handlers import ResultOmittedError
+
+    if ctx.attempt_number < int(ctx.params.get("fail_before_attempt", 0)):
+        raise RuntimeError(f"attempt {ctx.attempt_number} fails on purpose")
+    seen: dict[str, Any] = {}
+    for job_id, final in ctx.upstream.items():
+        try:
+            result = final.result
+        except ResultOmittedError:
+            result = "<omitted>"
+        seen[job_id] = {"status": final.status, "execution_id": str(final.execution_id),
+                        "result": result}
+    return {"upstream": seen, "root_params": dict(ctx.upstream.root_params),
+            "params": ctx.params, "attempt": ctx.attempt_number}
+
+
 @handler("test.refuse")
 def refuse(ctx: Context) -> None:
     from cronstream import NonRetryableError

@@ -37,10 +37,13 @@ def _due(rng: random.Random) -> JobDue:
         "attempt_number": rng.randint(1, 1000), "delivery": rng.randint(1, 1_000_000),
         "idempotency_key": rng.choice(["k", 'quoted "key" é']),
         "approved_by": rng.choice([None, "alice", "policy \\ ✓"]),
+        "triggered_by": rng.choice([None, "bob@host", 'ui/"token" ✓']),
         "job": {"handler": "noop", "queue": rng.choice(["default", "q-1_x"]),
                 "priority": rng.choice(["high", "normal", "low"]),
                 "params": rng.choice([{}, {"i": 1, "é": [1.5, None, "x\ny"]}]),
-                "timeout_seconds": rng.choice([3600, 0.25]), "max_retries": rng.randint(0, 100)},
+                "timeout_seconds": rng.choice([3600, 0.25]), "max_retries": rng.randint(0, 100),
+                "max_concurrent_runs": rng.choice([None, 1, 3]),
+                "definition_offset": rng.choice([None, 0, 12345])},
     }
     if rng.random() < 0.2:
         raw["job"]["from_a_newer_version"] = {"kept": True}  # extra fields travel on
@@ -85,11 +88,11 @@ def test_queued_events_render_as_the_model_writes_them() -> None:
         rendered = render_event(due, "QUEUED", event_id, occurred, priority=job.priority,
                                 queue=job.queue, reason=due.reason,
                                 idempotency_key=due.idempotency_key, job=job,
-                                approved_by=due.approved_by)
+                                approved_by=due.approved_by, triggered_by=due.triggered_by)
         assert rendered == ExecutionEvent.for_due(
             due, "QUEUED", event_id=uuid.UUID(event_id), occurred_at=occurred, priority=job.priority,
             queue=job.queue, reason=due.reason, idempotency_key=due.idempotency_key, job=job,
-            approved_by=due.approved_by).to_json()
+            approved_by=due.approved_by, triggered_by=due.triggered_by).to_json()
         # The dispatcher renders from the fast record of the JobDue's bytes (one with
         # fields of a newer version stays the model): the same.
         fast = decode_due(due.to_json(), due.job_id.encode())
@@ -100,7 +103,7 @@ def test_queued_events_render_as_the_model_writes_them() -> None:
         assert render_event(fast, "QUEUED", event_id, occurred, priority=fast.job.priority,
                             queue=fast.job.queue, reason=fast.reason,
                             idempotency_key=fast.idempotency_key, job=fast.job,
-                            approved_by=fast.approved_by) == rendered
+                            approved_by=fast.approved_by, triggered_by=fast.triggered_by) == rendered
     assert fast_renders > 200
 
 
