@@ -230,12 +230,11 @@ class AsyncClient:
 
     async def set_enabled(self, job_id: str, enabled: bool, by: str | None = None) -> JobDefinition:
         """Publish the current definition with `enabled` changed; `by` (who acts, e.g. the
-        dashboard's user) becomes its `created_by`."""
+        dashboard's user; by default the local user and host) becomes its `created_by`:
+        the new version's author."""
         current = await self._require(job_id)
         # Re-published as read, fields of a newer version included.
-        changes: dict[str, Any] = {"enabled": enabled}
-        if by is not None:
-            changes["created_by"] = by
+        changes: dict[str, Any] = {"enabled": enabled, "created_by": by or client_identity()}
         updated = current.model_copy(update=changes)
         await self._publish_definitions([updated])
         return updated

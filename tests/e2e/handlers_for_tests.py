@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -74,8 +75,8 @@ def context(ctx: Context) -> dict[str, Any]:
 @handler("test.upstream")
 def upstream(ctx: Context) -> dict[str, Any]:
     """Returns what it saw of its run: each upstream's final execution (a result too large
-    to come with the step as "<omitted>"), the run's root params and its own params; fails
-    the attempts before params.fail_before_attempt."""
+    to come with the step as "<omitted>", one over 1 KiB as its size), the run's root params
+    and its own params; fails the attempts before params.fail_before_attempt."""
     from cronstream.handlers import ResultOmittedError
 
     if ctx.attempt_number < int(ctx.params.get("fail_before_attempt", 0)):
@@ -86,6 +87,9 @@ def upstream(ctx: Context) -> dict[str, Any]:
             result = final.result
         except ResultOmittedError:
             result = "<omitted>"
+        size = len(json.dumps(result))
+        if size > 1024:  # what came, not all of it: the step's own result has a limit too
+            result = {"bytes": size}
         seen[job_id] = {"status": final.status, "execution_id": str(final.execution_id),
                         "result": result}
     return {"upstream": seen, "root_params": dict(ctx.upstream.root_params),
