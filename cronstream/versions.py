@@ -21,8 +21,13 @@ from datetime import datetime
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-__all__ = ["DefinitionVersion", "changed_fields", "document_diff", "to_yaml", "yaml_diff"]
+from cronstream.definitions import document
+from cronstream.shared.records import JobDefinition
+
+__all__ = ["DefinitionVersion", "changed_fields", "document_diff", "to_yaml", "with_changes",
+           "yaml_diff"]
 
 # Stamped by `apply` on every publication: who and when are the version's own columns, so
 # comparing two versions leaves them out.
@@ -56,10 +61,8 @@ class DefinitionVersion:
     def from_row(cls, row: Mapping[str, Any] | Any) -> DefinitionVersion:
         """From a `definition_history` / `definition_version` row."""
         raw = row["definition"]
-        document = None if raw is None else {
-            k: v for k, v in json.loads(raw).items() if v is not None}
-        return cls(row["job_id"], row["version"], document, row["created_by"],
-                   row["recorded_at"], row["kafka_offset"])
+        return cls(row["job_id"], row["version"], None if raw is None else _document(raw),
+                   row["created_by"], row["recorded_at"], row["kafka_offset"])
 
     def compared(self) -> dict[str, Any] | None:
         """The document without the fields every publication stamps."""
@@ -80,6 +83,15 @@ class DefinitionVersion:
                 "kafka_offset": self.kafka_offset, "definition": self.document}
 
 
+def _document(raw: str) -> dict[str, Any]:
+    """A stored definition in the form `get job` prints (the fields in their order: jsonb
+    keeps its own); as stored, unset fields left out, if today's model refuses it."""
+    try:
+        return document(JobDefinition.model_validate_json(raw))
+    except ValidationError:
+        return {k: v for k, v in json.loads(raw).items() if v is not None}
+
+
 def changed_fields(before: DefinitionVersion | None, after: DefinitionVersion) -> str:
     """What `after` changed from `before` (its previous version), in a few words:
     `created`, `deleted`, `re-created`, `no change`, or the fields that differ."""
@@ -95,6 +107,23 @@ def changed_fields(before: DefinitionVersion | None, after: DefinitionVersion) -
     if fields == ["enabled"]:
         return "resumed" if new.get("enabled", True) else "paused"
     return ", ".join(fields) if fields else "no change"
+
+
+def with_changes(versions: list[DefinitionVersion]) -> list[tuple[DefinitionVersion, str]]:
+    """Each version (oldest first) with what it changed from the one before it; a version
+    whose predecessor is past retention says so."""
+    changes = []
+    previous: DefinitionVersion | None = None
+    for version in versions:
+        if previous is not None and previous.version == version.version - 1:
+            change = changed_fields(previous, version)
+        elif version.version == 1:
+            change = changed_fields(None, version)
+        else:
+            change = "(earlier versions past retention)"
+        changes.append((version, change))
+        previous = version
+    return changes
 
 
 def document_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,

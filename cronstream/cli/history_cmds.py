@@ -13,7 +13,7 @@ import click
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.output import Column, emit, output_option, show
-from cronstream.versions import DefinitionVersion, changed_fields, yaml_diff
+from cronstream.versions import DefinitionVersion, with_changes, yaml_diff
 
 HISTORY_COLUMNS = [
     Column("version", lambda r: r["version"]),
@@ -26,16 +26,7 @@ HISTORY_COLUMNS = [
 
 def history_rows(versions: list[DefinitionVersion]) -> list[dict[str, object]]:
     """Each version as data, with what it changed from the version before it."""
-    previous: DefinitionVersion | None = None
-    rows = []
-    for version in versions:
-        # A gap in the numbers: the versions between were past retention.
-        before = previous if previous is not None and previous.version == version.version - 1 else None
-        change = changed_fields(before, version) if before is not None or version.version == 1 \
-            else "(earlier versions past retention)"
-        rows.append({**version.to_dict(), "change": change})
-        previous = version
-    return rows
+    return [{**version.to_dict(), "change": change} for version, change in with_changes(versions)]
 
 
 @click.command()

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from cronstream.client import Client
@@ -27,6 +27,10 @@ ACTION_TIMEOUT_SECONDS = 30.0
 
 class ActionFailed(RuntimeError):
     """The action could not be published (Kafka unreachable, job unknown...)."""
+
+
+class ActionRefused(ActionFailed):
+    """The action's input was refused before anything was sent (invalid params...)."""
 
 
 class Actions:
@@ -53,7 +57,7 @@ class Actions:
         except ValueError as exc:  # DefinitionError, invalid input
             log(logger, "ui_action_failed", logging.WARNING, ui_action=action, subject=subject,
                 by=by, error=str(exc))
-            raise ActionFailed(str(exc)) from None
+            raise ActionRefused(str(exc)) from None
         except Exception as exc:  # KafkaException and the like: say so, keep serving
             log(logger, "ui_action_failed", logging.ERROR, ui_action=action, subject=subject,
                 by=by, error=f"{type(exc).__name__}: {exc}")
@@ -61,8 +65,11 @@ class Actions:
         log(logger, "ui_action", ui_action=action, subject=subject, by=by)
         return result
 
-    async def trigger(self, job_id: str, by: str) -> UUID:
-        return await self._run("trigger", job_id, by, lambda c: c.trigger(job_id))
+    async def trigger(self, job_id: str, by: str, params: dict[str, Any] | None = None) -> UUID:
+        """Run `job_id` now with its params overlaid by `params`; `by` is recorded as the
+        execution's triggered_by."""
+        return await self._run("trigger", job_id, by,
+                               lambda c: c.trigger(job_id, params=params, by=by))
 
     async def pause(self, job_id: str, by: str) -> None:
         await self._run("pause", job_id, by, lambda c: c.pause(job_id, by=by))

@@ -39,7 +39,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from cronstream.shared.settings import Settings
 from cronstream.ui import views
-from cronstream.ui.actions import ActionFailed, Actions
+from cronstream.ui.actions import ActionFailed, ActionRefused, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
 from cronstream.ui.hosts import AllowedHosts, HostGuard
 from cronstream.ui.live import CHANNELS, LiveHub, LiveResponse
@@ -50,6 +50,9 @@ HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 MAX_FORM_BYTES = 16 * 1024
+# A trigger's form carries a run's params (at most 64 KiB of JSON, up to three times that
+# URL-encoded): the limit they are held to is the params' own (records.run_params).
+PARAMS_FORM_BYTES = 256 * 1024
 # Sent over HTTPS only (behind a trusted proxy that terminates TLS: create_app): a year.
 HSTS = b"max-age=31536000"
 
@@ -217,7 +220,8 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
             return response
         if not Auth.same_origin(request):
             return ui.error(request, 403, "Forbidden", "cross-origin request refused")
-        form = await _form(request)
+        form = await _form(request, PARAMS_FORM_BYTES if request.url.path.endswith("/trigger")
+                           else MAX_FORM_BYTES)
         if identity.via != "bearer" and not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
             return ui.error(request, 403, "Forbidden",
                             "missing or invalid CSRF token: reload the page and try again")
@@ -229,6 +233,8 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
             return ui.error(request, 404, "Not found", str(exc))
         except views.Conflict as exc:
             return ui.error(request, 409, "Not possible now", str(exc))
+        except ActionRefused as exc:
+            return ui.error(request, 400, "Bad request", str(exc))
         except ActionFailed as exc:
             return ui.error(request, 502, "The action failed", str(exc))
         except DatabaseUnavailable as exc:
@@ -245,8 +251,8 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
     return endpoint
 
 
-async def _form(request: Request) -> dict[str, str]:
-    if int(request.headers.get("content-length") or 0) > MAX_FORM_BYTES:
+async def _form(request: Request, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
+    if int(request.headers.get("content-length") or 0) > limit:
         raise BadInput("form too large")
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
@@ -287,6 +293,16 @@ async def job_page(ui: UI, request: Request) -> Response:
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     return ui.page(request, "job.html", context)
+
+
+@page
+async def version_page(ui: UI, request: Request) -> Response:
+    try:
+        context = await views.version(ui.store, request.path_params["job_id"],
+                                      request.path_params["version"], request.query_params)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return ui.page(request, "version.html", context)
 
 
 @page
@@ -407,12 +423,47 @@ def _actions(ui: UI) -> Actions:
     return ui.actions
 
 
+def _json_object(form: dict[str, str], name: str) -> dict[str, Any] | None:
+    text = form.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        given = json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:
+        raise BadInput(f"{name}: not valid JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise BadInput(f"{name}: must be a JSON object, not {type(given).__name__}")
+    return given
+
+
+def _params(form: dict[str, str]) -> dict[str, Any] | None:
+    """The trigger's params: the keys of the `params` field (a JSON object, starting from
+    the job's params as the page showed them, `params_base`) that differ from the base.
+    Only those overlay the job's params: a change of the job since the page was read is
+    kept for every key left as it was."""
+    given, base = _json_object(form, "params"), _json_object(form, "params_base") or {}
+    if given is None:
+        return None
+    changed = {k: v for k, v in given.items() if k not in base or _canonical(base[k]) != _canonical(v)}
+    return changed or None
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)  # 1 and true differ; key order does not
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 @action
 async def trigger(ui: UI, request: Request, who: Identity, form: dict[str, str]) -> str:
     job_id = request.path_params["job_id"]
+    params = _params(form)
     await _known_job(ui, job_id)
-    execution = await _actions(ui).trigger(job_id, who.name)
-    return f"triggered {job_id}: execution {execution}"
+    execution = await _actions(ui).trigger(job_id, who.name, params)
+    shown = f" with {', '.join(sorted(params))[:200]} changed" if params else ""
+    return f"triggered {job_id}: execution {execution}{shown}"
 
 
 @action
@@ -551,6 +602,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/jobs/{job_id}/trigger", trigger, methods=["POST"]),
         Route("/jobs/{job_id}/pause", pause, methods=["POST"]),
         Route("/jobs/{job_id}/resume", resume, methods=["POST"]),
+        Route("/jobs/{job_id}/versions/{version}", version_page),
         Route("/runs", runs_page),
         Route("/runs/live", runs_live),
         Route("/runs/{run_id}", dag_page),

@@ -90,6 +90,15 @@ def pretty_json(raw: str | None, limit: int = 4000) -> str:
     return clip(text, limit)
 
 
+def diff_class(line: str) -> str:
+    """A CSS class for a line of a unified diff."""
+    if line.startswith(("---", "+++")):
+        return "diff-file"
+    if line.startswith("@@"):
+        return "diff-hunk"
+    return {"+": "diff-add", "-": "diff-del"}.get(line[:1], "diff-same")
+
+
 def status_class(status: str | None) -> str:
     """A CSS class for a status; anything unexpected gets the neutral one."""
     if status in STATUS_CLASSES:
@@ -132,5 +141,5 @@ def spark(statuses: list[str] | None, durations: list[float | None] | None) -> l
 FILTERS = {
     "utc": utc, "local": local, "duration": duration, "between": between, "ago": ago,
     "clip": clip, "pretty_json": pretty_json, "status_class": status_class, "rate": rate,
-    "schedule_text": schedule_text, "spark": spark,
+    "schedule_text": schedule_text, "spark": spark, "diff_class": diff_class,
 }

@@ -21,6 +21,7 @@ from cronstream.shared.statuses import TERMINAL
 from cronstream.ui import graph
 from cronstream.ui.store import Store
 from cronstream.ui.timeline import Mark, MarkKind, Row, Window, load, project_row
+from cronstream.versions import DefinitionVersion, changed_fields, to_yaml, with_changes, yaml_diff
 
 PAGE_SIZE = 50
 STATUS_SCAN = 2000      # jobs probed per page when filtering by last status
@@ -31,6 +32,7 @@ TIMELINE_BUCKETS = 240
 TIMELINE_HOURS = (6, 24, 72, 168)
 FINAL = {"COMPLETED", "PERMANENTLY_FAILED", "CANCELLED", "SKIPPED"}
 LOG_LINES_SHOWN = 1000  # the execution page's log: its last lines
+VERSIONS_SHOWN = 20  # the job page's latest versions
 STATUSES: tuple[str, ...] = ExecutionStatus.__args__  # type: ignore[attr-defined]
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
@@ -134,6 +136,10 @@ async def job(store: Store, job_id: str, params: Mapping[str, str]) -> dict[str,
         fires = upcoming(definition, now, 10)
     runs = await store.fetch("job_runs", job_id, before, PAGE_SIZE + 1)
     durations = await store.fetchrow("job_durations", job_id)
+    # One more than shown: the oldest shown says what it changed too.
+    kept = [DefinitionVersion.from_row(r) for r in
+            reversed(await store.fetch("job_versions", job_id, VERSIONS_SHOWN + 1))]
+    versions = with_changes(kept)[-VERSIONS_SHOWN:][::-1]
     return {
         "job": row, "definition": definition, "fires": fires, "runs": runs[:PAGE_SIZE],
         "next_before": runs[PAGE_SIZE - 1]["scheduled_at"].isoformat() if len(runs) > PAGE_SIZE else None,
@@ -141,8 +147,36 @@ async def job(store: Store, job_id: str, params: Mapping[str, str]) -> dict[str,
         "alerts": await store.fetch("job_alerts", job_id, 20),
         "upstreams": [r["upstream_job_id"] for r in await store.fetch("job_upstreams", job_id)],
         "downstreams": [r["downstream_job_id"] for r in await store.fetch("job_downstreams", job_id)],
+        "versions": versions, "more_versions": len(kept) > VERSIONS_SHOWN,
+        "params_json": json.dumps(json.loads(row["params"] or "{}"), indent=2, ensure_ascii=False),
         "now": now,
     }
+
+
+async def version(store: Store, job_id: str, number: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """Version `number` of a job's definition, and its diff from version `against` (by
+    default the one before it)."""
+    wanted = _version_number(number, "version")
+    against = _version_number(params["against"], "against") if params.get("against") else wanted - 1
+    found = {v.version: v for v in map(DefinitionVersion.from_row, await store.fetch(
+        "job_versions_among", job_id, [wanted, against]))}
+    if wanted not in found:
+        raise NotFound(f"no version {wanted} of job {job_id!r} (it may be past retention)")
+    after, before = found[wanted], found.get(against)
+    if before is None and params.get("against"):
+        raise NotFound(f"no version {against} of job {job_id!r} (it may be past retention)")
+    lost = before is None and after.version > 1  # the one before it is past retention
+    return {"job_id": job_id, "version": after, "against": before,
+            "diff": [] if lost else yaml_diff(before, after),
+            "change": "(the version before it is past retention)" if lost
+            else changed_fields(before, after),
+            "document": None if after.document is None else to_yaml(after.document)}
+
+
+def _version_number(value: str, name: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 2**31 - 1:
+        raise ValueError(f"{name}: not a version number: {value[:20]!r}")
+    return int(value)
 
 
 # -- Runs (live) ------------------------------------------------------------------------

@@ -60,14 +60,27 @@ SELECT job_id, name, type, schedule, interval_seconds, run_at, timezone, start_a
        depends_on, trigger_rule, condition, requires_approval, handler, params::text AS params,
        max_retries, retry_delay_seconds, max_retry_delay_seconds, timeout_seconds, priority,
        queue, concurrency_policy, misfire_policy, misfire_grace_seconds, enabled, created_by,
-       created_at, deleted_at, next_execution_at, updated_at, definition::text AS definition
+       created_at, deleted_at, next_execution_at, updated_at, definition::text AS definition,
+       version
 FROM job_definitions WHERE job_id = $1;
+
+-- name: job_versions
+-- A job's latest versions (history), newest first.
+SELECT job_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
+FROM job_definition_versions WHERE job_id = $1
+ORDER BY version DESC
+LIMIT $2;
+
+-- name: job_versions_among
+SELECT job_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
+FROM job_definition_versions WHERE job_id = $1 AND version = ANY($2::int[])
+ORDER BY version;
 
 -- name: job_runs
 -- A job's executions, newest first, keyset on scheduled_at (before $2).
 SELECT execution_id, run_id, status, attempt_number, delivery, scheduled_at, started_at,
        completed_at, worker_id, reason, left(error_message, 300) AS error_message,
-       progress, progress_message
+       progress, progress_message, triggered_by, definition_version
 FROM job_executions
 WHERE job_id = $1 AND scheduled_at < $2
 ORDER BY scheduled_at DESC
@@ -128,7 +141,8 @@ SELECT e.execution_id, e.job_id, e.run_id, e.status, e.attempt_number, e.deliver
        left(e.error_message, 8192) AS error_message, e.progress, e.progress_message,
        e.priority, e.queue, e.reason, e.idempotency_key, e.trace_id, e.approved_by,
        e.rejected_by, e.cancelled_by, e.updated_at,
-       left(e.result::text, $2) AS result, length(e.result::text) AS result_chars
+       left(e.result::text, $2) AS result, length(e.result::text) AS result_chars,
+       e.triggered_by, e.definition_version, left((e.job->'params')::text, $2) AS params
 FROM job_executions e WHERE e.execution_id = $1;
 
 -- name: execution_events

@@ -1,6 +1,8 @@
 // cronstream dashboard: the only script. Live views over server-sent events (the Runs
-// page, an execution's log); nothing else needs JavaScript (actions are plain forms). No
-// inline script anywhere: the Content-Security-Policy allows scripts from this origin only.
+// page, an execution's log), and the trigger's params checked before they are sent;
+// nothing else needs JavaScript (actions are plain forms, which the server checks again).
+// No inline script anywhere: the Content-Security-Policy allows scripts from this origin
+// only.
 "use strict";
 
 // Follow the server-sent events `name` of `url`: `render(view)` with each one's JSON (the
@@ -100,4 +102,48 @@ function counted(attribute) {
   }, function (on) {
     if (state) { state.classList.toggle("on", on); }
   });
+})();
+
+// The trigger's params: a JSON object (the job's params, edited), checked before the form
+// is sent; what is wrong is said next to the field, and nothing is sent.
+(function () {
+  const LIMIT = 64 * 1024;  // bytes of JSON, as a definition's params
+  for (const form of document.querySelectorAll("form[data-params-form]")) {
+    const field = form.querySelector("[data-params]");
+    const error = form.querySelector("[data-params-error]");
+    if (!field || !error) { continue; }
+    const problem = function () {
+      const text = field.value.trim();
+      if (text === "") { return null; }
+      let value;
+      try {
+        value = JSON.parse(text);
+      } catch (e) {
+        return "params: not valid JSON: " + e.message;
+      }
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        return "params: must be a JSON object ({\"key\": value, ...})";
+      }
+      const size = new TextEncoder().encode(JSON.stringify(value)).length;
+      if (size > LIMIT) {
+        return "params: " + size + " bytes of JSON; the limit is " + LIMIT;
+      }
+      return null;
+    };
+    const show = function (message) {
+      error.textContent = message || "";
+      error.hidden = !message;
+      field.setAttribute("aria-invalid", message ? "true" : "false");
+    };
+    field.addEventListener("input", function () { if (!error.hidden) { show(problem()); } });
+    form.addEventListener("submit", function (event) {
+      const message = problem();
+      if (message) {
+        event.preventDefault();
+        form.querySelector("details").open = true;
+        show(message);
+        field.focus();
+      }
+    });
+  }
 })();
