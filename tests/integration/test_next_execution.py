@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from cronstream.services.monitor.decoding import DefinitionRecord
 from cronstream.shared.records import JobDefinition, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.settings import Settings
@@ -38,8 +39,9 @@ def test_next_runs_refreshed_from_the_stored_columns_equal_the_scheduler_s(topic
         housekeeping = standalone_housekeeping(topics, pool)
         try:
             async with pool.acquire() as conn:
-                for d in definitions:
-                    await housekeeping.store._definition(conn, d.job_id, d, now_utc(), sanitize=False)
+                for offset, d in enumerate(definitions):
+                    await housekeeping.store._definition(
+                        conn, DefinitionRecord(d.job_id, d, now_utc(), 0, offset), sanitize=False)
                 # Every next run in the past: the refresh recomputes all of them.
                 await conn.execute("UPDATE job_definitions SET next_execution_at = now() - interval '1 day'")
             before = now_utc()
