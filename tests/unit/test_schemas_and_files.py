@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cronstream.client import DefinitionError, load_definitions
+from cronstream.definitions import check_dags
+from cronstream.handlers import Context, Upstream, UpstreamResult
 from cronstream.shared.schemagen import MODELS, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +27,28 @@ def test_schema_files_match_the_models(name: str) -> None:
 def test_examples_are_valid() -> None:
     definitions = load_definitions(ROOT / "examples" / "jobs.yaml")
     assert {d.type for d in definitions} >= {"CRON", "INTERVAL"}
+    pipeline = load_definitions(ROOT / "examples" / "pipeline.yaml")
+    check_dags(pipeline, {d.job_id: d for d in definitions})
+    assert [d.type for d in pipeline] == ["CRON", "DEPENDENT", "DEPENDENT"]
+
+
+def test_the_example_pipeline_passes_its_data_along() -> None:
+    """The example's handlers, given what their upstreams return (as a worker gives it)."""
+    import examples.pipeline_handlers as steps
+
+    def context(params: dict[str, Any], upstream: dict[str, Any], root: dict[str, Any]) -> Context:
+        ids = {job_id: uuid.uuid4() for job_id in upstream}
+        return Context(execution_id=uuid.uuid4(), job_id="x", run_id=uuid.uuid4(), attempt_number=1,
+                       idempotency_key="k", scheduled_at=datetime.now(UTC), params=params,
+                       _upstream=Upstream({j: UpstreamResult(ids[j], "COMPLETED", False, r)
+                                           for j, r in upstream.items()}, root))
+
+    root = {"region": "eu", "rows": 2}
+    extracted = steps.extract(context(root, {}, root))
+    transformed = steps.transform(context({"factor": 10}, {"example.pipeline.extract": extracted}, root))
+    loaded = steps.load(context({}, {"example.pipeline.transform": transformed}, root))
+    assert transformed == {"rows": [{"region": "eu", "n": 0}, {"region": "eu", "n": 10}]}
+    assert (loaded["loaded"], loaded["region"]) == (2, "eu")
 
 
 def test_multi_document_yaml_lists_and_jobs_key(tmp_path: Path) -> None:
