@@ -588,10 +588,13 @@ def render_event(due: JobDue | FastDue, status: ExecutionStatus, event_id: str, 
         b',"reason":', _encode(reason),
         b',"idempotency_key":', to_json(idempotency_key),
         b',"job":', b"null" if job is None else job.to_json(),
-        b',"approved_by":', to_json(approved_by),
-        b',"rejected_by":null,"cancelled_by":null,"triggered_by":', to_json(triggered_by),
-        b'}',
+        b',"approved_by":', _NULL if approved_by is None else to_json(approved_by),
+        b',"rejected_by":null,"cancelled_by":null,"triggered_by":',
+        _NULL if triggered_by is None else to_json(triggered_by), b'}',
     ))
+
+
+_NULL = b"null"  # what to_json(None) returns, without the call (two per event)
 
 
 # msgspec writes UUIDs, UTC datetimes and the constrained names (ids, priorities, queues,

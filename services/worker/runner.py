@@ -150,7 +150,7 @@ def make_context(due: DueRecord, progress: ProgressFn, cancel: threading.Event,
         traceparent=traceparent,
         _progress=progress,
         _cancel=cancel,
-        _upstream=upstream_view(due.upstream),
+        _upstream=None if due.upstream is None else upstream_view(due.upstream),
     )
 
 
