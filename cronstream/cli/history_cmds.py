@@ -9,6 +9,8 @@ Versions are read from PostgreSQL (the monitor keeps them: cronstream/versions.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from cronstream.cli.common import CliState, pass_state
@@ -24,7 +26,7 @@ HISTORY_COLUMNS = [
 ]
 
 
-def history_rows(versions: list[DefinitionVersion]) -> list[dict[str, object]]:
+def history_rows(versions: list[DefinitionVersion]) -> list[dict[str, Any]]:
     """Each version as data, with what it changed from the version before it."""
     return [{**version.to_dict(), "change": change} for version, change in with_changes(versions)]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from playwright.sync_api import Page, expect
 
@@ -94,7 +95,7 @@ def trigger_with_params(page: Page, dashboard: Dashboard, topics: Settings,
     expect(notice).to_contain_text("triggered export: execution")
     expect(notice).to_contain_text("with region changed")
     execution_id = re.search(r"execution ([0-9a-f-]{36})", notice.inner_text())[1]  # type: ignore[index]
-    row = eventually(lambda: (r := db(topics.database_url, "SELECT * FROM job_executions WHERE "
+    row: Any = eventually(lambda: (r := db(topics.database_url, "SELECT * FROM job_executions WHERE "
                                       "status = 'COMPLETED'")) and r[0], 30, message="the run ends")
     assert str(row["execution_id"]) == execution_id
     assert json.loads(row["result"]) == {"region": "eu", "limit": 20, "format": "csv"}

@@ -10,11 +10,14 @@ import asyncio
 import json
 import threading
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 from confluent_kafka import Message, Producer
 
+from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.shared.db import query
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
@@ -62,6 +65,17 @@ async def _running_event(conn: asyncpg.Connection, execution_id: uuid.UUID, offs
         uuid.uuid4(), execution_id, uuid.uuid4(), now, WORKER, offset)
 
 
+async def requeue_dead(housekeeping: Housekeeping,
+                       caught_up: Callable[[list[int], float], Coroutine[Any, Any, bool]]) -> None:
+    """Re-queue the dead workers' executions once `caught_up` says the projection holds
+    what they committed (it stands for the wait on the projection), then close."""
+    housekeeping.projection_caught_up = caught_up  # type: ignore[method-assign]
+    try:
+        await housekeeping.requeue_dead_workers()
+    finally:
+        await housekeeping.close()
+
+
 def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(topics: Settings) -> None:
     events = topics.topics.execution_events
     before, since = uuid.uuid4(), uuid.uuid4()
@@ -88,11 +102,7 @@ def test_a_dead_workers_requeue_spares_what_its_restarted_incarnation_started(to
                     await _running_event(conn, since, offset)
                 return True
 
-            housekeeping.projection_caught_up = caught_up  # type: ignore[method-assign]
-            try:
-                await housekeeping.requeue_dead_workers()
-            finally:
-                await housekeeping.close()
+            await requeue_dead(housekeeping, caught_up)
         finally:
             await pool.close()
 

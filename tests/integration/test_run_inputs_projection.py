@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from cronstream.services.monitor.advance import Decisions
 from cronstream.services.monitor.decoding import DefinitionRecord, MonitorBatch
@@ -28,13 +29,18 @@ from cronstream.shared.records import (
     JobSnapshot,
 )
 from cronstream.shared.settings import Settings
-from tests.integration.test_dead_worker_requeue import WORKER, _produce_at, _running_event
+from tests.integration.test_dead_worker_requeue import (
+    WORKER,
+    _produce_at,
+    _running_event,
+    requeue_dead,
+)
 from tests.support import read_all, sql, standalone_housekeeping
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-async def _row(conn: asyncpg.Connection, execution_id: uuid.UUID, job_id: str, run: uuid.UUID,
+async def _row(conn: PoolConnectionProxy[asyncpg.Record], execution_id: uuid.UUID, job_id: str, run: uuid.UUID,
                status: str, **columns: Any) -> None:
     values: dict[str, Any] = {
         "execution_id": execution_id, "job_id": job_id, "run_id": run, "status": status,
@@ -46,7 +52,7 @@ async def _row(conn: asyncpg.Connection, execution_id: uuid.UUID, job_id: str, r
     await conn.execute(f"INSERT INTO job_executions ({names}) VALUES ({marks})", *values.values())
 
 
-async def _a_decided_step(conn: asyncpg.Connection, step: uuid.UUID, status: str, **columns: Any
+async def _a_decided_step(conn: PoolConnectionProxy[asyncpg.Record], step: uuid.UUID, status: str, **columns: Any
                           ) -> tuple[uuid.UUID, dict[str, Any]]:
     """A run of `root` (triggered with params) whose `extract` completed, and its step `load`
     (`status`) decided on it; returns the run and the view the step must get."""
@@ -81,16 +87,12 @@ def test_a_requeued_or_approved_dag_step_gets_the_view_it_was_decided_with(topic
                                                 started_at=T0, triggered_by="alice@host")
                 await _running_event(conn, requeued, _produce_at(
                     topics, topics.topics.execution_events, b'{"started":"before"}'))
-            housekeeping = standalone_housekeeping(topics, pool)
+
 
             async def caught_up(ends: list[int], patience: float = 0) -> bool:
                 return True
 
-            housekeeping.projection_caught_up = caught_up  # type: ignore[method-assign]
-            try:
-                await housekeeping.requeue_dead_workers()
-            finally:
-                await housekeeping.close()
+            await requeue_dead(standalone_housekeeping(topics, pool), caught_up)
             async with pool.acquire() as conn:
                 await conn.execute("DELETE FROM dag_evaluations; DELETE FROM job_executions")
                 await _a_decided_step(conn, awaiting, "AWAITING_APPROVAL")
