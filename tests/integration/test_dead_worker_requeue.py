@@ -66,7 +66,7 @@ async def _running_event(conn: asyncpg.Connection, execution_id: uuid.UUID, offs
 
 
 async def requeue_dead(housekeeping: Housekeeping,
-                       caught_up: Callable[[list[int], float], Coroutine[Any, Any, bool]]) -> None:
+                       caught_up: Callable[..., Coroutine[Any, Any, bool]]) -> None:
     """Re-queue the dead workers' executions once `caught_up` says the projection holds
     what they committed (it stands for the wait on the projection), then close."""
     housekeeping.projection_caught_up = caught_up  # type: ignore[method-assign]
