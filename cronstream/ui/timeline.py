@@ -143,12 +143,16 @@ def project_row(definition: JobDefinition, *, enabled: bool, last_fire: datetime
             row.marks.append(Mark(window.bucket(at), window.bucket(at), kind, at))
     row.marks.extend(_projected(definition, max(now, window.start - _MS), window, typical))
     gap = _min_gap(definition, now)
+    limit = definition.max_concurrent_runs
     if gap is not None and typical_seconds and typical > gap:
         row.overlaps = True
         row.note = {
             "FORBID": "runs outlast the interval: FORBID will skip fires",
             "REPLACE": "runs outlast the interval: REPLACE will cancel runs",
         }.get(definition.concurrency_policy, "runs outlast the interval: runs overlap")
+        if limit is not None and definition.concurrency_policy == "ALLOW":
+            row.note = (f"runs outlast {limit} intervals: max_concurrent_runs will skip fires"
+                        if typical > gap * limit else f"runs overlap, at most {limit} at once")
     if not row.marks and not row.note:
         row.note = "no fire in this window"
     return row

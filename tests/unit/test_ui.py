@@ -64,6 +64,12 @@ def test_a_frequent_job_costs_one_mark_per_bucket_and_overlaps_are_flagged() -> 
     assert load([row], 240) == [1] * 240
     paused = project_row(d, enabled=False, last_fire=None, typical_seconds=None, now=T0, window=window)
     assert paused.marks == [] and "paused" in paused.note
+    limited = definition(interval_seconds=1, max_concurrent_runs=3)
+    for typical, note in ((2.5, "runs overlap, at most 3 at once"),
+                          (5.0, "runs outlast 3 intervals: max_concurrent_runs will skip fires")):
+        row = project_row(limited, enabled=True, last_fire=None, typical_seconds=typical, now=T0,
+                          window=window)
+        assert row.overlaps and row.note == note
 
 
 def test_dag_layout_columns_follow_the_longest_path() -> None:
