@@ -126,7 +126,8 @@ class Settings(BaseModel):
     # aborts its predecessor. On Kubernetes: the pod name of a StatefulSet.
     instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")] | None = None
     # HTTP for /metrics, /healthz, /readyz; None = the service's default port (SERVICE_PORTS),
-    # 0 = any free port (logged as action=http_serving).
+    # or a free one when that is taken (health.open_http); 0 = any free port (logged as
+    # action=http_serving).
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     http_bind: str = "0.0.0.0"
     kafka_config: dict[str, str] = Field(default_factory=dict)

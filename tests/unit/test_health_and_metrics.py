@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cronstream.shared import metrics
-from cronstream.shared.health import Health, HealthServer
+from cronstream.shared.health import Health, HealthServer, open_http
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -176,3 +176,17 @@ def test_a_loop_histogram_exports_what_a_histogram_does() -> None:
     ours, theirs = exposition(metrics.LoopHistogram), exposition(Histogram)
     assert ours == theirs
     assert '# {trace_id="' in ours[1] and "_created" in ours[0]
+
+
+def test_a_taken_default_port_gives_way_to_a_free_one_but_an_explicit_port_does_not() -> None:
+    health = Health("worker")
+    first = HealthServer(health, "127.0.0.1", 0)
+    try:
+        default = first.port  # taken from now on
+        second = open_http(lambda port: HealthServer(health, "127.0.0.1", port), "worker", None, default)
+        assert second.port not in (default, 0)
+        second.server_close()
+        with pytest.raises(OSError, match="in use"):
+            open_http(lambda port: HealthServer(health, "127.0.0.1", port), "worker", default, default)
+    finally:
+        first.server_close()
