@@ -353,7 +353,7 @@ class AnalyticsService:
         evidence: dict[str, Any] = {
             "late_after_seconds": th.late_after_seconds, "late_starts": len(status.starts),
             "late_finishes": len(status.finishes), "reasons": reasons,
-            "missed_by_reason": dict(self.ledger.outcomes)}
+            "missed_by_reason": {k: n for k, n in status.history.items() if k != "on_time"}}
         if transition.state == "RESOLVED":
             return self._alert(transition, now_ms, job_id=job_id, evidence=evidence,
                                summary=f"{job_id}: fires on time again")
