@@ -9,8 +9,10 @@ Start, in this order (no offsets are committed, no internal topics are created):
 2. Read `job-definitions` and `scheduler-state` to their end: every job's thresholds and
    schedule, and where the scheduler's clock stands (ledger.py).
 3. Replay `execution-events` from `now − analytics_lookback_seconds` (offsets_for_times)
-   to the end it had at start: the windows (windows.py). Nothing is judged until then,
-   so a restart mid-window sees the same windows as before and raises no duplicate.
+   to the end it had at start: the windows (windows.py). Its offsets are asked first,
+   waiting out a broker that settles (`kafka.settled`: a topic created a moment before).
+   Nothing is judged until then, so a restart mid-window sees the same windows as before
+   and raises no duplicate.
 Then, live: every second the jobs with news (and every job every ten seconds) are judged;
 every `analytics_queue_window_seconds` the work queues' depths are sampled (queues.py).
 
@@ -60,6 +62,7 @@ from cronstream.shared.kafka import (
     ConsumerThread,
     OutRecord,
     log_consumer_error,
+    offsets_since,
     position,
     producer_config,
     read_to_end,
@@ -140,25 +143,15 @@ class AnalyticsService:
     async def _start(self, reader: ConsumerThread) -> dict[tuple[str, int], int]:
         """Steps 1-2, then the assignment of step 3; returns the replay's ends."""
         t = self.topics
-        events = await reader.call(lambda: reader.consumer.list_topics(t.execution_events, timeout=10))
-        found = events.topics.get(t.execution_events)
-        if found is None or found.error is not None or not found.partitions:
-            raise RuntimeError(f"topic {t.execution_events} does not exist: run `cronstream init`")
-        partitions = sorted(found.partitions)
+        # Where the replay starts and ends (it may end later than this: what comes in
+        # meanwhile is read live). First, so that a missing topic is said at once.
+        since_ms = int((time.time() - self.lookback) * 1000)
+        starts, ends = await offsets_since(reader, t.execution_events, since_ms)
         await read_to_end(reader, [TopicPartition(t.alerts, 0)], self._restore)
         opened = len(self.episodes.open)
         compacted = [TopicPartition(t.job_definitions, 0), TopicPartition(t.scheduler_state, 0)]
         await read_to_end(reader, compacted, self._apply)
         positions = await reader.call(reader.consumer.position, compacted)
-        since_ms = int((time.time() - self.lookback) * 1000)
-        wanted = [TopicPartition(t.execution_events, p, since_ms) for p in partitions]
-        starts = await reader.call(reader.consumer.offsets_for_times, wanted, 10.0)
-        ends: dict[tuple[str, int], int] = {}
-        for tp in starts:
-            _low, high = await reader.call(reader.consumer.get_watermark_offsets, tp, 10.0, False)
-            ends[(tp.topic, tp.partition)] = high
-            if tp.offset < 0:  # nothing as recent as since_ms: start at the end
-                tp.offset = high
         await reader.call(reader.consumer.assign, [
             *[TopicPartition(p.topic, p.partition, p.offset if p.offset >= 0 else -2) for p in positions],
             *starts])

@@ -47,6 +47,7 @@ from cronstream.shared.kafka import (
     read_to_end,
     reader_config,
     record_time_ms,
+    settled,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionalProducer
@@ -219,7 +220,8 @@ class Leader:
             await state_reader.close()
 
         tp = TopicPartition(self.topics.job_definitions, 0)
-        committed = await self.election.call(self.election.consumer.committed, [tp], 10.0)
+        committed = await settled(lambda: self.election.call(self.election.consumer.committed, [tp], 10.0),
+                                  "committed offset of job-definitions")
         self._committed_offset = max(committed[0].offset, 0)
         # The election consumer paused partition 0 on assignment; replay starts now,
         # from the beginning (a later term of the same assignment must rewind).
