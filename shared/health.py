@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -152,6 +153,17 @@ class HealthServer(ThreadingHTTPServer):
             self.shutdown()
             self._thread.join(5)
         self.server_close()
+
+
+# How a service says where it serves (`action=http_serving ... port=N`), for whoever started
+# it: port 0 or a taken default gives a port only the service knows.
+_SERVING = re.compile(r"action=http_serving .*?port=(\d+)")
+
+
+def serving_port(log_text: str) -> int | None:
+    """The port a service's log says it serves HTTP on (logfmt lines), or None yet."""
+    match = _SERVING.search(log_text)
+    return int(match[1]) if match else None
 
 
 def open_http(listen: Callable[[int], T], service: str, explicit: int | None, default: int) -> T:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
+from cronstream.shared.health import serving_port
 from cronstream.shared.kafka import producer_config
 from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.settings import Settings
@@ -114,10 +114,7 @@ class ServiceProcess:
 
     def http_port(self, timeout: float = 30.0) -> int:
         """The port this service serves /metrics, /healthz and /readyz on (from its log)."""
-        def port() -> int | None:
-            match = re.search(r"action=http_serving .*?port=(\d+)", self.log())
-            return int(match[1]) if match else None
-        return eventually(port, timeout, message=f"{self.name} serving HTTP")
+        return eventually(lambda: serving_port(self.log()), timeout, message=f"{self.name} serving HTTP")
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET http://127.0.0.1:<http_port><path>: (status, body)."""
