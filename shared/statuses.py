@@ -63,5 +63,7 @@ FAILURE: frozenset[str] = frozenset({Status.FAILED, Status.TIMED_OUT, Status.PER
 # run, not per attempt: a first try that fails and a retry that succeeds is one success;
 # CANCELLED and SKIPPED are decisions, not outcomes (docs/decisions/0028).
 RUN_OUTCOMES: frozenset[str] = frozenset({Status.COMPLETED, Status.PERMANENTLY_FAILED})
+# Events, not resting states: a projected execution keeps its status through them.
+EVENTS_ONLY: frozenset[str] = frozenset({Status.PROGRESS, Status.REQUEUED})
 # Not at rest: waiting for a worker or a person, or running.
 ACTIVE: frozenset[str] = frozenset({Status.QUEUED, Status.RUNNING, Status.AWAITING_APPROVAL})

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from cronstream.shared.settings import Settings
+from cronstream.shared.statuses import Status
 from cronstream.ui import views
 from cronstream.ui.actions import ActionFailed, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
@@ -444,7 +445,7 @@ async def _execution_in(ui: UI, request: Request, states: tuple[str, ...]) -> An
 
 @action
 async def cancel(ui: UI, request: Request, who: Identity, form: dict[str, str]) -> str:
-    row = await _execution_in(ui, request, ("QUEUED", "RUNNING"))
+    row = await _execution_in(ui, request, (Status.QUEUED, Status.RUNNING))
     await _actions(ui).cancel(row["execution_id"], _reason(form) or f"cancelled by {who.name}", who.name)
     return f"cancel sent for {row['job_id']} (execution {row['execution_id']}, was {row['status']})"
 

@@ -21,7 +21,7 @@ from uuid import UUID
 
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.records import Alert, Heartbeat
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import EVENTS_ONLY, TERMINAL
 from cronstream.shared.telemetry import trace_id
 
 
@@ -113,7 +113,7 @@ class ExecutionPatch:
             self.error_message = event.error_message
         if event.result is not None:
             self.result = json.dumps(event.result, separators=(",", ":"))
-        if status not in ("PROGRESS", "REQUEUED") and event.progress is not None:
+        if status not in EVENTS_ONLY and event.progress is not None:
             self.progress = event.progress
         self.approved_by = event.approved_by or self.approved_by
         self.rejected_by = event.rejected_by or self.rejected_by

@@ -17,6 +17,7 @@ from cronstream.handlers import Context, NonRetryableError
 from cronstream.services.worker.capture import Line, format_traceback
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.records import MAX_RESULT_BYTES
+from cronstream.shared.statuses import RETRYABLE
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
 ProgressFn = Callable[[float, str | None], None]
@@ -32,7 +33,7 @@ class Outcome:
 
     @property
     def retryable(self) -> bool:
-        return self.status in ("FAILED", "TIMED_OUT")
+        return self.status in RETRYABLE
 
 
 class CancelSignal:
