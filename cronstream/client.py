@@ -51,7 +51,6 @@ from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, U
 from cronstream.executions import Execution, LogEntry
 from cronstream.shared.codec import MAX_RECORD_BYTES
 from cronstream.shared.db import query
-from cronstream.shared.ids import execution_id, idempotency_key, run_id
 from cronstream.shared.kafka import (
     NOT_AUTHORIZED_HINT,
     ConsumerThread,
@@ -64,9 +63,9 @@ from cronstream.shared.kafka import (
 from cronstream.shared.records import (
     Command,
     CommandKind,
+    DueReason,
     JobDefinition,
     JobDue,
-    JobSnapshot,
 )
 from cronstream.shared.redaction import redact_url
 from cronstream.shared.schedule import to_millis
@@ -230,17 +229,9 @@ class AsyncClient:
         definition = await self._require(job_id)
         return await self.submit(definition, to_millis(at or datetime.now(UTC)), "MANUAL")
 
-    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
-        due = JobDue(
-            execution_id=execution_id(definition.job_id, scheduled_at, 1),
-            job_id=definition.job_id,
-            run_id=run_id(definition.job_id, scheduled_at),
-            scheduled_at=scheduled_at,
-            attempt_number=1,
-            reason=reason,  # type: ignore[arg-type]
-            idempotency_key=idempotency_key(definition.job_id, scheduled_at, definition.params),
-            job=JobSnapshot.of(definition),
-        )
+    async def submit(self, definition: JobDefinition, scheduled_at: datetime,
+                     reason: DueReason) -> UUID:
+        due = JobDue.first(definition, scheduled_at, reason)
         await self._send([OutRecord(self.topics.job_due, definition.job_id.encode(), due.to_json(),
                                     new_headers())])
         return due.execution_id
@@ -523,7 +514,7 @@ class Client:
     def trigger(self, job_id: str, at: datetime | None = None) -> UUID:
         return self._run(self._async.trigger(job_id, at))
 
-    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str) -> UUID:
+    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: DueReason) -> UUID:
         return self._run(self._async.submit(definition, scheduled_at, reason))
 
     def command(self, kind: CommandKind, execution_id: UUID, reason: str | None = None,

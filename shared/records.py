@@ -57,7 +57,14 @@ from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
-from cronstream.shared.ids import new_event_id
+from cronstream.shared.ids import (
+    execution_id,
+    idempotency_key,
+    new_event_id,
+    retry_execution_id,
+    run_id,
+    step_idempotency_key,
+)
 from cronstream.shared.statuses import TERMINAL
 
 if TYPE_CHECKING:  # the fast records are read with these models' rules (fast_records.py)
@@ -394,12 +401,54 @@ class JobDue(Record):
     # Who released it, for a DAG step approved by a person (Command.issued_by).
     approved_by: Actor | None = None
 
+    # One constructor for each way an execution comes to be asked for; its ids are derived
+    # (shared/ids.py), so whoever builds one again gets the same.
+
+    @classmethod
+    def first(cls, definition: JobDefinition, scheduled_at: datetime, reason: DueReason) -> JobDue:
+        """The first attempt of the run that `definition` starts at `scheduled_at`: a fire
+        (SCHEDULE; the scheduler renders the same bytes itself, clock.render_due), a trigger
+        (MANUAL) or a backfill (BACKFILL)."""
+        return cls(execution_id=execution_id(definition.job_id, scheduled_at, 1),
+                   job_id=definition.job_id, run_id=run_id(definition.job_id, scheduled_at),
+                   scheduled_at=scheduled_at, attempt_number=1, reason=reason,
+                   idempotency_key=idempotency_key(definition.job_id, scheduled_at, definition.params),
+                   job=JobSnapshot.of(definition))
+
+    @classmethod
+    def step(cls, definition: JobDefinition, run: UUID, scheduled_at: datetime) -> JobDue:
+        """The DAG step `definition` of the run `run` (DEPENDENCY), once per (job, run)."""
+        snapshot = JobSnapshot.of(definition)
+        return cls(execution_id=retry_execution_id(definition.job_id, run, 1),
+                   job_id=definition.job_id, run_id=run, scheduled_at=scheduled_at,
+                   attempt_number=1, reason="DEPENDENCY",
+                   idempotency_key=step_idempotency_key(definition.job_id, run, snapshot.params),
+                   job=snapshot)
+
+    def next_attempt(self, scheduled_at: datetime) -> JobDue:
+        """The attempt after this one (RETRY): a new execution of the same run and key."""
+        attempt = self.attempt_number + 1
+        return JobDue(execution_id=retry_execution_id(self.job_id, self.run_id, attempt),
+                      job_id=self.job_id, run_id=self.run_id, scheduled_at=scheduled_at,
+                      attempt_number=attempt, reason="RETRY", idempotency_key=self.idempotency_key,
+                      job=self.job)
+
+    def next_delivery(self) -> JobDue:
+        """This execution handed out again (REQUEUE: drain, a dead worker): same id, the
+        next delivery, whose events make the older delivery's stale."""
+        return self.model_copy(update={"reason": "REQUEUE", "delivery": self.delivery + 1})
+
 
 class RetryRequest(JobDue):
     """The JobDue of the next attempt plus when it is due, on the compacted `retries`
     topic (key: execution_id of the next attempt; a tombstone means fired or cancelled)."""
 
     due_at: UtcDatetime
+
+    @classmethod
+    def of(cls, due: JobDue, due_at: datetime) -> RetryRequest:
+        """The timer of `due` (an attempt to come), due at `due_at`."""
+        return cls(**dict(due), due_at=due_at)
 
     def job_due(self) -> JobDue:
         return JobDue.model_validate(self.model_dump(exclude={"due_at"}), strict=False)

@@ -15,8 +15,8 @@ from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client
 from cronstream.definitions import check_dags, document, load_sources, without_stamps
 from cronstream.errors import DefinitionError, NotFoundError
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.records import CommandKind, JobDefinition
-from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 

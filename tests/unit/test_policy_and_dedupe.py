@@ -8,8 +8,8 @@ from uuid import uuid4
 
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import PolicyState
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.records import ExecutionEvent, JobDue, JobSnapshot
-from cronstream.shared.retry import retry_execution_id
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -93,3 +93,21 @@ def test_every_list_of_statuses_in_sql_is_a_set_of_statuses_py() -> None:
     unnamed = [f"{path.relative_to(ROOT)}:{line}: {sorted(words)}" for path, line, words in lists
                if words not in NAMED.values() and (path.name, words) not in REPLACED]
     assert unnamed == []
+
+
+# Where a record may be built field by field: its constructors in records.py, and the
+# monitor restoring a stored execution's JobDue from the projection's columns.
+BUILT_HERE = {SHARED / "records.py": {"JobDue", "RetryRequest", "ExecutionEvent"},
+              SERVICES / "monitor" / "outbound.py": {"JobDue"}}
+
+
+def test_each_record_kind_is_built_by_its_own_constructors() -> None:
+    kinds = {"JobDue", "RetryRequest", "ExecutionEvent"}
+    found = []
+    for path, tree in modules(*PACKAGES):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in kinds \
+                    and node.func.id not in BUILT_HERE.get(path, set()):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(...)")
+    assert found == [], ("use JobDue.first / .step / .next_attempt / .next_delivery, "
+                         "RetryRequest.of, ExecutionEvent.for_due")
