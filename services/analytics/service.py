@@ -23,7 +23,8 @@ changes state here, so a crash in between repeats it at most once, with the same
 
 Garbage: the monitor dead-letters undecodable `execution-events` and the scheduler
 undecodable `job-definitions`; this service, which replays the log at every start, would
-only copy them again. It logs them (`action=record_skipped`) and goes on.
+only copy them again. It reads through the shared inbound path with the SKIP policy
+(`shared/inbound.py`): it logs them (`action=record_skipped`) and goes on.
 
 Why one module of this size: the consume loop and the windows it feeds share one state;
 the judgements are pure modules (windows.py, ledger.py, queues.py, episodes.py).
@@ -39,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.analytics.episodes import (
     ANALYTICS_KINDS,
@@ -56,12 +57,12 @@ from cronstream.services.analytics.windows import (
     success_rate_low,
 )
 from cronstream.shared import metrics
-from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.codec import decode_key
 from cronstream.shared.health import Health
+from cronstream.shared.inbound import SKIP, Batch, Inbound
 from cronstream.shared.kafka import (
     ConsumerThread,
     OutRecord,
-    log_consumer_error,
     offsets_since,
     position,
     producer_config,
@@ -112,6 +113,7 @@ class AnalyticsService:
         self.health.require("replay")
         self.defaults = Thresholds.of(settings, None)
         self.lookback = max(settings.analytics_lookback_seconds, settings.analytics_window_seconds)
+        self.inbound = Inbound(SERVICE, self.topics, SKIP)
         self.episodes = Episodes()
         self.windows: dict[str, JobWindow] = {}
         self.thresholds: dict[str, Thresholds] = {}
@@ -198,31 +200,27 @@ class AnalyticsService:
     # -- input ---------------------------------------------------------------------------
 
     def _restore(self, messages: list[Message]) -> None:
-        for msg in messages:
-            try:
-                self.episodes.restore(decode(Alert, msg.value()))
-            except DecodeError as exc:
-                self._skipped(msg, str(exc))
+        batch = self.inbound.batch(messages)
+        for msg in batch.records:
+            alert = batch.decode(Alert, msg)
+            if alert is not None:
+                self.episodes.restore(alert)
 
     def _apply(self, messages: list[Message]) -> None:
         t = self.topics
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log_consumer_error(SERVICE, err)
-                continue
+        batch = self.inbound.batch(messages)
+        for msg in batch.records:
             topic = msg.topic()
-            try:
-                if topic == t.execution_events:
-                    self._event(decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id"))
-                elif topic == t.job_definitions:
-                    self._definition(msg)
-                elif topic == t.scheduler_state:
-                    state = decode(SchedulerState, msg.value(), key=msg.key(), key_field="job_id")
+            if topic == t.execution_events:
+                event = batch.decode(ExecutionEvent, msg, key_field="job_id")
+                if event is not None:
+                    self._event(event)
+            elif topic == t.job_definitions:
+                self._definition(batch, msg)
+            elif topic == t.scheduler_state:
+                state = batch.decode(SchedulerState, msg, key_field="job_id")
+                if state is not None:
                     self.ledger.scheduler_state(state.job_id, state.next_fire_ms, state.last_fire_ms)
-            except DecodeError as exc:
-                self._skipped(msg, str(exc))
 
     def _event(self, event: ExecutionEvent) -> None:
         metrics.ANALYTICS_EVENTS.inc()
@@ -240,30 +238,25 @@ class AnalyticsService:
             window.add(event.execution_id, event.status, finished.timestamp(), duration)
             self._dirty.add(event.job_id)
 
-    def _definition(self, msg: Message) -> None:
-        job_id = decode_key(msg.key())
+    def _definition(self, batch: Batch, msg: Message) -> None:
+        job_id = batch.read(lambda _value, key: decode_key(key), msg)
+        if job_id is None:
+            return
         observed = record_time_ms(msg)
         if msg.value() is None:
             self.thresholds.pop(job_id, None)
             self.ledger.definition(job_id, None, valid=True, observed_ms=observed)
             self._dirty.add(job_id)
             return
-        try:
-            definition = decode(JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-        except DecodeError as exc:
+        definition = batch.decode(JobDefinition, msg, key_field="job_id")
+        if definition is None:
             self.ledger.definition(job_id, None, valid=False, observed_ms=observed)
-            self._skipped(msg, str(exc))
             return
         th = self.thresholds[job_id] = Thresholds.of(self.settings, definition.alerts)
         self.ledger.definition(job_id, definition, valid=True, observed_ms=observed,
                                late_after_s=th.late_after_seconds,
                                finish_within_s=th.finish_within_seconds)
         self._dirty.add(job_id)
-
-    @staticmethod
-    def _skipped(msg: Message, reason: str) -> None:
-        log(logger, "record_skipped", logging.WARNING, topic=msg.topic(), partition=msg.partition(),
-            offset=msg.offset(), reason=reason[:300])
 
     # -- judging -------------------------------------------------------------------------
 

@@ -111,3 +111,23 @@ def test_each_record_kind_is_built_by_its_own_constructors() -> None:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(...)")
     assert found == [], ("use JobDue.first / .step / .next_attempt / .next_delivery, "
                          "RetryRequest.of, ExecutionEvent.for_due")
+
+
+# Readers that look at messages' errors themselves, and why that is not a consumer's path.
+OWN_ERRORS = {
+    SERVICES / "monitor" / "housekeeping.py": "a probe: whether anything is left to project",
+    SERVICES / "worker" / "commands.py": "CANCEL commands, which the monitor dead-letters; "
+                                         "the worker ignores what it cannot read",
+}
+
+
+def test_every_consumer_reads_through_the_one_inbound_path() -> None:
+    found = []
+    for path, tree in modules(SERVICES):
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            if name == "dead_letter" or (name == "error" and not node.args and path not in OWN_ERRORS):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(...)")
+    assert found == [], "read through shared/inbound.py: Inbound.batch, Batch.decode / read / reject"
