@@ -14,6 +14,7 @@ Worked example, one batch for execution E (delivery d):
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -120,7 +121,7 @@ class ExecutionPatch:
         self.cancelled_by = event.cancelled_by or self.cancelled_by
 
 
-def fold(events: list[EventRecord], traces: dict[UUID, str] | None = None
+def fold(events: Sequence[EventRecord], traces: dict[UUID, str] | None = None
          ) -> dict[UUID, ExecutionPatch]:
     """One patch per execution; `traces` (event_id -> traceparent) gives each patch the
     trace context of its latest accepted event."""

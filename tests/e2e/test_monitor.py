@@ -7,6 +7,7 @@ import json
 import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.support import (
     read_all,
     run_now,
     sql,
+    value,
 )
 
 
@@ -46,6 +48,10 @@ def define_steady_jobs(settings: Settings, prefix: str, count: int) -> None:
             "job_id": f"{prefix}-{i}", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
 
 
+def projected_beyond(settings: Settings, count: int) -> bool:
+    return projected(settings) > count
+
+
 def projected(settings: Settings) -> int:
     return int(sql(settings.database_url, "SELECT count(*) AS n FROM execution_events")[0]["n"])
 
@@ -54,7 +60,7 @@ def assert_projection_is_the_log(settings: Settings, timeout: float = 30) -> lis
     """Once the stream is at rest: `execution_events` holds the topic's events, each once,
     and `job_executions` is their fold. Returns the topic's events."""
     eventually(lambda: projection_equals_log(settings), timeout, message="execution_events equals the topic")
-    on_topic = [ExecutionEvent.model_validate_json(m.value())
+    on_topic = [ExecutionEvent.model_validate_json(value(m))
                 for m in read_all(settings, settings.topics.execution_events)]
     expected = {k: (p.status, p.attempt_number) for k, p in fold(on_topic).items()}
     actual = {r["execution_id"]: (r["status"], r["attempt_number"])
@@ -97,7 +103,7 @@ def test_the_monitor_rides_out_its_database_sessions_ending_mid_batch(
         ended += sql(topics.database_url, "SELECT count(pg_terminate_backend(pid)) AS n "
                      "FROM pg_stat_activity WHERE datname = current_database() "
                      "AND pid <> pg_backend_pid()")[0]["n"]
-        eventually(lambda before=before: projected(topics) > before, 30,
+        eventually(partial(projected_beyond, topics, before), 30,
                    message="projecting again after the sessions ended")
     assert ended >= 25
     assert services["monitor"].proc.poll() is None, "the monitor stopped"

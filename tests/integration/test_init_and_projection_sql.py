@@ -13,7 +13,7 @@ from cronstream.services.monitor.projection import event_rows, fold
 from cronstream.services.monitor.store import create_staging, insert_events, upsert_patches
 from cronstream.shared.db import apply_migrations, connect, fast_timestamps, migrations, query
 from cronstream.shared.kafka import ensure_topics
-from cronstream.shared.records import ExecutionEvent
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus
 from cronstream.shared.settings import Settings
 from tests.support import sql
 
@@ -50,7 +50,7 @@ def test_migrations_apply_once(database_url: str) -> None:
             "progress_message"} <= columns
 
 
-def event(execution: uuid.UUID, status: str, second: int, **fields: Any) -> ExecutionEvent:
+def event(execution: uuid.UUID, status: ExecutionStatus, second: int, **fields: Any) -> ExecutionEvent:
     return ExecutionEvent(event_id=uuid.uuid4(), execution_id=execution, job_id="j",
                           run_id=uuid.uuid4(), status=status, attempt_number=1, scheduled_at=T0,
                           occurred_at=T0 + timedelta(seconds=second), **fields)
@@ -175,7 +175,7 @@ def test_the_success_rate_is_per_run_in_every_jobs_overview(database_url: str) -
                 'default', 'ALLOW', 'FIRE_ONCE', 60, true, now(), '{}')""")
     now = datetime.now(UTC).replace(microsecond=0)
 
-    def attempt(run: int, number: int, status: str) -> list[ExecutionEvent]:
+    def attempt(run: int, number: int, status: ExecutionStatus) -> list[ExecutionEvent]:
         execution = uuid.uuid5(uuid.NAMESPACE_OID, f"{run}|{number}")
         at = now - timedelta(minutes=10 - run)
         fields: dict[str, Any] = {"execution_id": execution, "job_id": "j",

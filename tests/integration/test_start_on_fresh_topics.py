@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,8 +18,9 @@ from cronstream.services.monitor.service import MonitorService
 from cronstream.services.scheduler.service import SchedulerService
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
+from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.kafka import ConsumerThread, ensure_topics, offsets_since, reader_config
-from cronstream.shared.records import JobDue
+from cronstream.shared.lifecycle import Service
 from cronstream.shared.settings import Settings
 
 
@@ -31,14 +33,14 @@ class NoRunner:
     async def close(self) -> None:
         return None
 
-    def run_now(self, due: JobDue, progress: Any, trace: Any = None) -> Outcome | None:
+    def run_now(self, due: DueRecord, progress: Any, trace: Any = None) -> Outcome | None:
         return Outcome("COMPLETED")
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal, trace: Any = None) -> Outcome:
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal, trace: Any = None) -> Outcome:
         return Outcome("COMPLETED")
 
 
-SERVICES = {
+SERVICES: dict[str, Callable[[Settings], Service]] = {
     "scheduler": lambda s: SchedulerService(s, "s1"),
     "dispatcher": lambda s: DispatcherService(s, "d1"),
     "worker": lambda s: WorkerService(s, NoRunner()),

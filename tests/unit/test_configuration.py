@@ -73,8 +73,9 @@ def test_set_reaches_every_setting(name: str) -> None:
 def root(*args: str) -> CliState:
     """The state the top-level command leaves for its subcommand."""
     ctx = cli.make_context("cronstream", [*args, "jobs"])
+    assert cli.callback is not None
     with ctx:
-        ctx.invoke(cli.callback, **ctx.params)  # type: ignore[misc]
+        ctx.invoke(cli.callback, **ctx.params)
     state = ctx.obj
     assert isinstance(state, CliState)
     return state

@@ -240,6 +240,7 @@ def test_a_finished_execution_reported_again_after_an_unknown_outcome_is_the_sam
                         outcome, datetime(2026, 11, 30, 0, 0, 1, tzinfo=UTC))
         first, again = reporter.finished(done), reporter.finished(done)
         assert [(r.topic, r.key, r.value) for r in again] == [(r.topic, r.key, r.value) for r in first]
+        assert first[0].value is not None
         event = ExecutionEvent.model_validate_json(first[0].value)
         assert event.status == outcome.status
         assert len(first) == (2 if outcome.status == "FAILED" else 1)  # FAILED: its retry too

@@ -65,7 +65,7 @@ def status_literals(tree: ast.Module) -> Iterator[tuple[int, frozenset[str]]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Set | ast.Tuple | ast.List) and id(node) not in typed \
                 and len(node.elts) >= 2:
-            words = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
             if len(words) == len(node.elts) and set(words) <= WORDS:
                 yield node.lineno, frozenset(words)
 
