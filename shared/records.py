@@ -320,29 +320,29 @@ class JobDefinition(Record):
             if self.type != job_type and present:
                 raise ValueError(f"{field} is only allowed for type {job_type}, not {self.type}")
         if self.type == "DEPENDENT":
-            if not self.depends_on:
-                raise ValueError("depends_on is required for type DEPENDENT (upstream job_ids)")
-            if self.job_id in self.depends_on:
-                raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
-            if len(set(self.depends_on)) != len(self.depends_on):
-                raise ValueError("depends_on: lists an upstream job more than once")
-            if self.condition is not None:
-                try:
-                    parse_condition(self.condition, self.depends_on)
-                except ConditionError as exc:
-                    raise ValueError(f"condition: {exc}") from None
+            self._check_dependencies()
         else:
-            if self.depends_on:
-                raise ValueError(f"depends_on is only allowed for type DEPENDENT, not {self.type}")
-            if self.condition is not None:
-                raise ValueError(f"condition is only allowed for type DEPENDENT, not {self.type}")
-            if self.requires_approval:
-                raise ValueError(
-                    f"requires_approval is only allowed for type DEPENDENT, not {self.type}"
-                )
+            for field, given in (("depends_on", bool(self.depends_on)),
+                                 ("condition", self.condition is not None),
+                                 ("requires_approval", self.requires_approval)):
+                if given:
+                    raise ValueError(f"{field} is only allowed for type DEPENDENT, not {self.type}")
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("end_at must be later than start_at")
         return self
+
+    def _check_dependencies(self) -> None:
+        if not self.depends_on:
+            raise ValueError("depends_on is required for type DEPENDENT (upstream job_ids)")
+        if self.job_id in self.depends_on:
+            raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise ValueError("depends_on: lists an upstream job more than once")
+        if self.condition is not None:
+            try:
+                parse_condition(self.condition, self.depends_on)
+            except ConditionError as exc:
+                raise ValueError(f"condition: {exc}") from None
 
     @property
     def zone(self) -> ZoneInfo:
