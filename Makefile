@@ -48,7 +48,7 @@ $(PYRIGHT): | $(BIN)/cronstream
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/pyright pyright@$(PYRIGHT_VERSION)
 	@$@ --version
 
-pyright: $(PYRIGHT) ## Fetch pyright $(PYRIGHT_VERSION) (for the static tools' test)
+pyright: $(PYRIGHT) ## Fetch pyright, at the pinned version (for the static tools' test)
 
 # What the suite needs besides the servers (which `cronstream infra up` starts from Java,
 # Maven and PostgreSQL's binaries, and says which is missing): installed where a package
