@@ -34,7 +34,7 @@ from cronstream.shared.topics import Topics
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
 # Settings written as comma-separated lists in the environment.
-_LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
+LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
                             "ui_trusted_proxies"})
 # The dashboard's tokens: shorter ones are refused at start.
 MIN_TOKEN_LENGTH = 16
@@ -220,7 +220,7 @@ class Settings(BaseModel):
                 continue
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw.split(",") if name in _LIST_SETTINGS else raw
+                values[name] = raw.split(",") if name in LIST_SETTINGS else raw
         for key, raw in env.items():
             if key.startswith(KAFKA_PASSTHROUGH_PREFIX) and key != "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS":
                 prop = key[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", ".")

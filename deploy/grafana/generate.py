@@ -90,7 +90,7 @@ def _quantile(q: float, histogram: str, by: str = "") -> str:
 
 
 COMPLETED = 'cronstream_executions_total{status="COMPLETED"}'
-# Per run (docs/decisions/0028): a run ends COMPLETED or PERMANENTLY_FAILED; a FAILED or
+# Per run (docs/decisions/0053): a run ends COMPLETED or PERMANENTLY_FAILED; a FAILED or
 # TIMED_OUT attempt has a retry to come.
 ENDED = 'cronstream_executions_total{status=~"COMPLETED|PERMANENTLY_FAILED"}'
 SUCCESS_RATE = f"sum({_rate(COMPLETED)}) / sum({_rate(ENDED)})"

@@ -7,7 +7,7 @@ lives on one partition) and asked, at a given instant, two questions:
   their last attempt COMPLETED or PERMANENTLY_FAILED (`statuses.RUN_OUTCOMES`) — how many
   COMPLETED. A failed attempt with a retry to come is not counted, so a first try that
   fails and a retry that succeeds is one success; CANCELLED and SKIPPED are decisions,
-  not outcomes (docs/decisions/0028). Judged only from `min_runs` ended runs on.
+  not outcomes (docs/decisions/0053). Judged only from `min_runs` ended runs on.
 - duration regression: the p95 duration of the last `recent_runs` COMPLETED executions
   against the p95 of up to `baseline_runs` before them. The baseline follows the job, so
   a duration that stays high becomes the new normal and the episode resolves by itself.

@@ -33,10 +33,12 @@ class NoRunner:
     async def close(self) -> None:
         return None
 
-    def run_now(self, due: DueRecord, progress: Any, trace: Any = None) -> Outcome | None:
+    def run_now(self, due: DueRecord, progress: Any, trace: Any = None,
+                lines: Any = None) -> Outcome | None:
         return Outcome("COMPLETED")
 
-    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal, trace: Any = None) -> Outcome:
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal, trace: Any = None,
+                  lines: Any = None) -> Outcome:
         return Outcome("COMPLETED")
 
 

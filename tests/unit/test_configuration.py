@@ -19,9 +19,12 @@ SETTABLE = sorted(set(Settings.model_fields) - {"kafka_config"})
 SAMPLES: dict[str, str] = {
     "kafka_bootstrap_servers": "k1:9092", "database_url": "postgresql://u@db/x", "topic_prefix": "p.",
     "instance_id": "i-1", "http_port": "1234", "http_bind": "127.0.0.2", "log_level": "DEBUG",
-    "log_format": "json", "ui_bind": "0.0.0.0", "ui_identity_header": "X-User", "ui_token": "t",
-    "ui_session_key": "k", "ui_protect_reads": "true", "worker_id": "w9", "worker_queues": "a,b",
+    "log_format": "json", "ui_bind": "0.0.0.0", "ui_identity_header": "X-User", "ui_token": "t" * 20,
+    "ui_session_key": "k" * 20, "ui_protect_reads": "true", "worker_id": "w9", "worker_queues": "a,b",
     "topic_min_insync_replicas": "2", "topic_replication_factor": "3",
+    "worker_allow_shell": "/bin/true,/bin/echo", "ui_allowed_hosts": "a.example,b.example",
+    "ui_token_login": "false", "ui_trusted_proxies": "10.0.0.0/8,127.0.0.1",
+    "ui_metrics_token": "m" * 20,
 }
 
 

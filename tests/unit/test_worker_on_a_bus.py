@@ -305,7 +305,7 @@ class QuickRunner(HeldRunner):
         self.running = 0
         self.most = 0
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal,
                   trace: Any = None, lines: Any = None) -> Outcome:
         self.started.append(due.execution_id)
         self.running += 1
@@ -357,7 +357,7 @@ def test_claims_not_started_are_requeued_at_once_when_the_worker_drains() -> Non
         assert len(runner.started) == 1
         stopping.set()
         await asyncio.wait_for(loop, 5)
-        heartbeats = service._heartbeats = Heartbeats(  # type: ignore[assignment]
+        heartbeats = service._heartbeats = Heartbeats(
             MemoryIdempotentProducer(bus), T, "w1", capacity=1, queues=["default"],  # type: ignore[arg-type]
             running=service.listed)
         drained = asyncio.create_task(service._drain())

@@ -1,5 +1,5 @@
 -- cronstream projection, version 10: a success rate per run, and one jobs overview.
--- docs/decisions/0028-success-rate-per-run.md.
+-- docs/decisions/0053-success-rate-per-run.md.
 
 -- Per run, not per attempt: a run ends when its last attempt does, COMPLETED or
 -- PERMANENTLY_FAILED (statuses.RUN_OUTCOMES). An attempt that FAILED or TIMED_OUT with a
