@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
+.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -39,6 +39,24 @@ $(BIN)/promtool: | $(BIN)/cronstream
 
 promtool: $(BIN)/promtool ## Fetch promtool (for the Prometheus rules' tests)
 
+# pyright (what editors run; tests/integration/test_static_tools.py) from the npm registry,
+# at this version, into the virtualenv: fetched here once, never by the tests.
+PYRIGHT_VERSION := 1.1.390
+PYRIGHT := $(VENV)/pyright/node_modules/.bin/pyright
+$(PYRIGHT): | $(BIN)/cronstream
+	@command -v npm >/dev/null || { echo "npm (Node.js) is missing: it installs pyright for the tests (apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/pyright pyright@$(PYRIGHT_VERSION)
+	@$@ --version
+
+pyright: $(PYRIGHT) ## Fetch pyright, at the pinned version (for the static tools' test)
+
+# What the suite needs besides the servers (which `cronstream infra up` starts from Java,
+# Maven and PostgreSQL's binaries, and says which is missing): installed where a package
+# has it — Chromium and promtool from Debian's release, pyright at a pinned version from
+# npm — else named with how to get it, before any test runs.
+tools: chromium $(BIN)/promtool $(PYRIGHT) ## Install every tool `make test` needs, or say which is missing and how to get it
+	@command -v kubectl >/dev/null || { echo "kubectl is missing: the manifests' tests render deploy/k8s with 'kubectl kustomize'; install kubectl 1.27 or later (Kubernetes' apt repository, or your cloud SDK's)" >&2; exit 1; }
+
 dev: install ## Run everything: Kafka, PostgreSQL, all services, the examples and a live view
 	$(BIN)/cronstream dev
 
@@ -48,7 +66,7 @@ infra-up: install ## Start the local Kafka broker and PostgreSQL (if nothing ans
 infra-down: install ## Stop what `infra up` started
 	$(BIN)/cronstream infra down
 
-test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2e, deploy, browser, security, short chaos) against real Kafka and PostgreSQL
+test: install tools ## The whole suite (unit, integration, e2e, deploy, browser, security, short chaos) against real Kafka and PostgreSQL
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
@@ -60,7 +78,7 @@ test: install chromium $(BIN)/promtool ## The whole suite (unit, integration, e2
 test-unit: install ## Unit tests only (no servers)
 	$(BIN)/pytest tests/unit -q
 
-test-integration: install chromium $(BIN)/promtool ## Integration, e2e, deploy, browser and security tests (servers must be up: make infra-up)
+test-integration: install tools ## Integration, e2e, deploy, browser and security tests (servers must be up: make infra-up)
 	$(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser tests/security -q
 
 test-image: install ## Build the container image with buildah and run the end-to-end test from it (root)

@@ -58,7 +58,6 @@ from cronstream.errors import (
 from cronstream.executions import Execution, LogEntry
 from cronstream.shared.codec import MAX_RECORD_BYTES, describe
 from cronstream.shared.db import query
-from cronstream.shared.ids import execution_id, idempotency_key, run_id
 from cronstream.shared.kafka import (
     NOT_AUTHORIZED_HINT,
     ConsumerThread,
@@ -72,9 +71,9 @@ from cronstream.shared.records import (
     DELETED_BY_HEADER,
     Command,
     CommandKind,
+    DueReason,
     JobDefinition,
     JobDue,
-    JobSnapshot,
     run_params,
 )
 from cronstream.shared.redaction import redact_url
@@ -259,28 +258,17 @@ class AsyncClient:
                                  params=params, triggered_by=by or client_identity(),
                                  definition_offset=offset)
 
-    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str, *,
+    async def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: DueReason, *,
                      params: Mapping[str, Any] | None = None, triggered_by: str | None = None,
                      definition_offset: int | None = None) -> UUID:
         """Publish the first attempt of a run of `definition` at `scheduled_at` (MANUAL,
         BACKFILL), with the job's params overlaid by `params`."""
         try:
-            merged = run_params(definition, params)
-            snapshot = JobSnapshot.of(definition, definition_offset, merged)
+            due = JobDue.first(definition, scheduled_at, reason, definition_offset=definition_offset,
+                               params=run_params(definition, params), triggered_by=triggered_by)
         except (ValueError, ValidationError) as exc:
             text = describe(exc) if isinstance(exc, ValidationError) else str(exc)
             raise ParamsError(f"job {definition.job_id!r}: {text}; nothing was sent") from None
-        due = JobDue(
-            execution_id=execution_id(definition.job_id, scheduled_at, 1),
-            job_id=definition.job_id,
-            run_id=run_id(definition.job_id, scheduled_at),
-            scheduled_at=scheduled_at,
-            attempt_number=1,
-            reason=reason,  # type: ignore[arg-type]
-            idempotency_key=idempotency_key(definition.job_id, scheduled_at, merged),
-            job=snapshot,
-            triggered_by=triggered_by[:256] if triggered_by else None,
-        )
         await self._send([OutRecord(self.topics.job_due, definition.job_id.encode(), due.to_json(),
                                     new_headers())])
         return due.execution_id
@@ -584,7 +572,7 @@ class Client:
         """Run `job_id` now with the job's params overlaid by `params` (AsyncClient.trigger)."""
         return self._run(self._async.trigger(job_id, at, params=params, by=by))
 
-    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: str, *,
+    def submit(self, definition: JobDefinition, scheduled_at: datetime, reason: DueReason, *,
                params: Mapping[str, Any] | None = None, triggered_by: str | None = None,
                definition_offset: int | None = None) -> UUID:
         return self._run(self._async.submit(definition, scheduled_at, reason, params=params,

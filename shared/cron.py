@@ -194,8 +194,34 @@ def _parse_value(token: str, name: str, names: dict[str, int]) -> int:
     return int(token)
 
 
-def _parse_field(text: str, index: int) -> tuple[tuple[int, ...], bool]:
+def _parse_part(part: str, index: int) -> range:
+    """One element of a field's list: `*`, `n`, `a-b`, each with an optional `/step`."""
     name, low, high, names = _FIELDS[index]
+    range_part, _, step_text = part.partition("/")
+    step = 1
+    if step_text:
+        if not step_text.isdigit() or int(step_text) == 0:
+            raise CronError(f"{name} field: step '{step_text}' must be a positive integer")
+        step = int(step_text)
+    last = high if name != "day-of-week" else 6  # 7 is Sunday again: written, never implied
+    if range_part in ("*", "?"):
+        start, end = low, last
+    elif "-" in range_part:
+        a, _, b = range_part.partition("-")
+        start, end = _parse_value(a, name, names), _parse_value(b, name, names)
+        if start > end:
+            raise CronError(f"{name} field: range '{range_part}' runs backwards")
+    else:
+        start = _parse_value(range_part, name, names)
+        end = last if step_text else start
+    for v in (start, end):
+        if not low <= v <= high:
+            raise CronError(f"{name} field: {v} is outside {low}-{high}")
+    return range(start, end + 1, step)
+
+
+def _parse_field(text: str, index: int) -> tuple[tuple[int, ...], bool]:
+    name = _FIELDS[index][0]
     values: set[int] = set()
     restricted = True
     if text in ("*", "?"):
@@ -205,26 +231,7 @@ def _parse_field(text: str, index: int) -> tuple[tuple[int, ...], bool]:
     for part in text.split(","):
         if not part:
             raise CronError(f"{name} field: empty list element in '{text}'")
-        range_part, _, step_text = part.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise CronError(f"{name} field: step '{step_text}' must be a positive integer")
-            step = int(step_text)
-        if range_part in ("*", "?"):
-            start, end = low, high if name != "day-of-week" else 6
-        elif "-" in range_part:
-            a, _, b = range_part.partition("-")
-            start, end = _parse_value(a, name, names), _parse_value(b, name, names)
-            if start > end:
-                raise CronError(f"{name} field: range '{range_part}' runs backwards")
-        else:
-            start = _parse_value(range_part, name, names)
-            end = (high if name != "day-of-week" else 6) if step_text else start
-        for v in (start, end):
-            if not low <= v <= high:
-                raise CronError(f"{name} field: {v} is outside {low}-{high}")
-        values.update(range(start, end + 1, step))
+        values.update(_parse_part(part, index))
     if name == "day-of-week" and 7 in values:
         values.discard(7)
         values.add(0)

@@ -53,7 +53,7 @@ from cronstream.shared.records import (
     JobDue,
     Priority,
 )
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import TERMINAL, Status
 
 __all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", "FastSnapshot",
            "FastUpstream", "FastUpstreamExecution", "as_model", "decode_due", "decode_event",
@@ -62,7 +62,7 @@ __all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", 
 _ZERO = timedelta(0)
 # Larger than this, a `result` or `params` could be over its limit: the model measures.
 FAST_MAX_BYTES = min(MAX_RESULT_BYTES, MAX_PARAMS_BYTES) // REENCODE_GROWTH
-FAST_STATUSES = frozenset({"QUEUED", "RUNNING", "PROGRESS", "COMPLETED"})
+FAST_STATUSES = frozenset({Status.QUEUED, Status.RUNNING, Status.PROGRESS, Status.COMPLETED})
 
 
 def _pattern(chars: str, most: int) -> msgspec.Meta:

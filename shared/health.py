@@ -12,16 +12,24 @@ wedged loop from a live one:
   otherwise. A scheduler standby is ready; a consumer waiting for its assignment is not.
 - `/metrics` is prometheus-client's exposition (OpenMetrics when the scraper asks for it,
   which carries the exemplars that link a histogram bucket to a trace).
+
+Where: the port set explicitly (`--http-port`, `CRONSTREAM_HTTP_PORT`), or else the
+service's default port; when that default is taken (a second worker on the same host), a
+free port, logged (`open_http`). An explicit port that is taken fails the start: a
+Kubernetes probe expects the service exactly there.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
@@ -29,6 +37,8 @@ from prometheus_client.exposition import choose_encoder
 from cronstream.shared.logs import log
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Liveness fails when the loop has not ticked for this long. Generous: a loop that
 # misses 15 one-second ticks is stuck, not busy.
@@ -143,3 +153,32 @@ class HealthServer(ThreadingHTTPServer):
             self.shutdown()
             self._thread.join(5)
         self.server_close()
+
+
+# How a service says where it serves (`action=http_serving ... port=N`), for whoever started
+# it: port 0 or a taken default gives a port only the service knows.
+_SERVING = re.compile(r"action=http_serving .*?port=(\d+)")
+
+
+def serving_port(log_text: str) -> int | None:
+    """The port a service's log says it serves HTTP on (logfmt lines), or None yet."""
+    match = _SERVING.search(log_text)
+    return int(match[1]) if match else None
+
+
+def open_http(listen: Callable[[int], T], service: str, explicit: int | None, default: int) -> T:
+    """`listen(port)` on the explicit port, or on the default one; a taken default gives way
+    to any free port (0), with a warning that names both. Several services of one kind run
+    side by side on a host without flags, while a port someone asked for is that port or
+    an error (OSError, raised)."""
+    if explicit is not None:
+        return listen(explicit)
+    try:
+        return listen(default)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        opened = listen(0)
+        log(logger, "http_default_port_taken", logging.WARNING, service=service, default_port=default,
+            hint="serving on a free port instead (see action=http_serving); --http-port pins one")
+        return opened

@@ -104,6 +104,12 @@ def execution_id(job_id: str, origin: datetime, attempt: int) -> UUID:
     return uuid5(NAMESPACE, f"exec|{job_id}|{wire_time(origin)}|{attempt}")
 
 
+def retry_execution_id(job_id: str, run_id: UUID, attempt: int) -> UUID:
+    """Deterministic: a run's attempt n of a job has one id whoever computes it (a retry,
+    and a DAG step's first attempt, n = 1)."""
+    return uuid5(NAMESPACE, f"retry|{job_id}|{run_id}|{attempt}")
+
+
 def given_idempotency_key(params: dict[str, object]) -> str | None:
     """`params.idempotency_key` when the job sets one (it wins over any derived key)."""
     given = params.get("idempotency_key")

@@ -16,6 +16,13 @@ computation can handle — dead-letters that record and the loop goes on (SPEC �
 dead-letter copy keeps the original key and bytes, truncated when it would not fit on the
 `dead-letters` topic, with the original size, topic, partition, offset, service and reason
 in its headers.
+
+What a consumer does with a record it cannot read is its policy, said where it builds its
+`Inbound`: DEAD_LETTER (every service on the correctness path), or SKIP — log it
+(`action=record_skipped`) and go on — for a reader of topics whose owners dead-letter
+already (analytics replays `execution-events` at every start: it would copy the same
+garbage again each time). A record passed over on purpose (`reject=False`: one an earlier
+incarnation handled already) is neither.
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
@@ -52,6 +59,10 @@ DLQ_TRUNCATED = "cronstream.dlq.truncated"
 MAX_DEAD_LETTER_VALUE = 256 * 1024
 MAX_COPIED_HEADERS = 16 * 1024
 MAX_REASON_CHARS = 2000
+
+Policy = Literal["dead_letter", "skip"]
+DEAD_LETTER: Policy = "dead_letter"
+SKIP: Policy = "skip"
 
 
 def dead_letter(topics: Topics, msg: Message, error: str, service: str) -> OutRecord:
@@ -89,25 +100,32 @@ def dead_letter(topics: Topics, msg: Message, error: str, service: str) -> OutRe
 
 @dataclass
 class Batch:
-    """One consumed batch: its valid records, their next offsets, the dead letters."""
+    """One consumed batch: its valid records, their next offsets, the partitions it read
+    to their end (EOF), the dead letters."""
 
     inbound: Inbound
     records: list[Message] = field(default_factory=list)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    ended: set[tuple[str, int]] = field(default_factory=set)
     dead: list[OutRecord] = field(default_factory=list)
 
-    def decode(self, model: type[T], msg: Message, key_field: str | None = None) -> T | None:
-        """The record as `model`, or None after dead-lettering it with the reason."""
-        return self.read(lambda value, key: decode(model, value, key=key, key_field=key_field), msg)
+    def decode(self, model: type[T], msg: Message, key_field: str | None = None, *,
+               reject: bool = True) -> T | None:
+        """The record as `model`, or None after rejecting it with the reason."""
+        return self.read(lambda value, key: decode(model, value, key=key, key_field=key_field), msg,
+                         reject=reject)
 
-    def read(self, reader: Callable[[bytes | None, bytes | None], R], msg: Message) -> R | None:
+    def read(self, reader: Callable[[bytes | None, bytes | None], R], msg: Message, *,
+             reject: bool = True) -> R | None:
         """The record as `reader(value, key)` decodes it (raising DecodeError, as `decode`
-        and the fast decoders do), or None after dead-lettering it with the reason."""
+        and the fast decoders do), or None after rejecting it with the reason (unless
+        `reject` is False: a record handled before, passed over quietly)."""
         try:
             return reader(msg.value(), msg.key())
         except DecodeError as exc:
-            self.reject(msg, str(exc))
+            if reject:
+                self.reject(msg, str(exc))
             return None
 
     def apply(self, msg: Message, fn: Callable[[], Any], what: str) -> bool:
@@ -120,6 +138,11 @@ class Batch:
             return False
 
     def reject(self, msg: Message, reason: str) -> None:
+        """Dead-letter the record with the reason, or log and skip it: the inbound's policy."""
+        if self.inbound.policy == SKIP:
+            log(logger, "record_skipped", logging.WARNING, service=self.inbound.service,
+                topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), reason=reason[:300])
+            return
         self.dead.append(dead_letter(self.inbound.topics, msg, reason, self.inbound.service))
 
     def offsets(self) -> list[TopicPartition]:
@@ -127,16 +150,21 @@ class Batch:
 
 
 class Inbound:
-    def __init__(self, service: str, topics: Topics) -> None:
+    def __init__(self, service: str, topics: Topics, policy: Policy = DEAD_LETTER) -> None:
         self.service = service
         self.topics = topics
+        self.policy = policy
 
     def batch(self, messages: list[Message]) -> Batch:
-        """Errors logged (a fatal consumer error raises), positions of the rest noted."""
+        """Errors logged (a fatal consumer error raises), ends reached noted, positions of
+        the records noted."""
         batch = Batch(self)
         for msg in messages:
             err = msg.error()
             if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    topic, partition, _ = position(msg)
+                    batch.ended.add((topic, partition))
                 log_consumer_error(self.service, err)
                 continue
             topic, partition, offset = position(msg)

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -283,29 +283,71 @@ def kafka_error(exc: KafkaException) -> KafkaError | None:
     return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
 
 
-async def _high_watermark(reader: ConsumerThread, tp: TopicPartition, patience: float = 60.0) -> int:
-    """The partition's end, waiting out what a broker answers while it settles (a topic
-    just created, a leader moving: NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE...)."""
+# What a broker answers while it settles, retried at start by every service (issue 45):
+# for a moment after a topic is created (`cronstream init` just before: offsets_for_times
+# and the watermarks answered NOT_LEADER in 5 tries of 5 right after ensure_topics), while
+# a partition's leader moves, while a coordinator loads its partition after a broker start.
+SETTLING = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR, KafkaError._WAIT_COORD, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+# How long a start-up call waits for the broker to settle before the error stands (a
+# broker away for longer is an outage: the service's supervisor restarts it).
+SETTLE_PATIENCE = 60.0
+
+
+def settling(exc: BaseException) -> bool:
+    """Whether `exc` is what a settling broker answers (retry), not a real failure."""
+    err = kafka_error(exc) if isinstance(exc, KafkaException) else None
+    return err is not None and not err.fatal() and (bool(err.retriable()) or err.code() in SETTLING)
+
+
+async def settled(call: Callable[[], Awaitable[T]], what: str, patience: float = SETTLE_PATIENCE) -> T:
+    """`await call()`, again with backoff (0.1 s doubling to 2 s) while the broker answers
+    a SETTLING error, for up to `patience` seconds; any other error at once."""
     deadline = time.monotonic() + patience
     delay = 0.1
     while True:
         try:
-            _low, high = await reader.call(reader.consumer.get_watermark_offsets, tp, 10.0, False)
-            return int(high)
+            return await call()
         except KafkaException as exc:
-            err = kafka_error(exc)
-            if err is None or (not err.retriable() and err.code() not in _SETTLING) \
-                    or time.monotonic() > deadline:
+            if not settling(exc) or time.monotonic() > deadline:
                 raise
-            log(logger, "watermarks_retried", logging.DEBUG, topic=tp.topic, partition=tp.partition,
-                error=str(exc))
+            log(logger, "kafka_settling", what=what, error=str(exc), retry_in_seconds=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
 
-_SETTLING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                       KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT,
-                       KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+async def _high_watermark(reader: ConsumerThread, tp: TopicPartition) -> int:
+    """The partition's end, once the broker has settled."""
+    _low, high = await settled(
+        lambda: reader.call(reader.consumer.get_watermark_offsets, tp, 10.0, False),
+        f"end of {tp.topic}[{tp.partition}]")
+    return int(high)
+
+
+async def offsets_since(reader: ConsumerThread, topic: str, since_ms: int,
+                        ) -> tuple[list[TopicPartition], dict[tuple[str, int], int]]:
+    """Where to read each partition of `topic` from to see its records since `since_ms`
+    (its end, where nothing is that recent), and the end each has now: once the broker
+    has settled."""
+    metadata = await settled(lambda: reader.call(reader.consumer.list_topics, topic, 10.0),
+                             f"partitions of {topic}")
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise RuntimeError(f"topic {topic} does not exist: run `cronstream init`")
+    wanted = [TopicPartition(topic, p, since_ms) for p in sorted(found.partitions)]
+    starts: list[TopicPartition] = await settled(
+        lambda: reader.call(reader.consumer.offsets_for_times, wanted, 10.0), f"offsets of {topic}")
+    ends: dict[tuple[str, int], int] = {}
+    for tp in starts:
+        ends[(tp.topic, tp.partition)] = high = await _high_watermark(reader, tp)
+        if tp.offset < 0:
+            tp.offset = high
+    return starts, ends
 
 
 async def read_to_end(

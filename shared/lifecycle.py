@@ -29,7 +29,7 @@ from typing import Protocol, TextIO
 import uvloop
 
 from cronstream.shared import logs, metrics, telemetry
-from cronstream.shared.health import Health, HealthServer
+from cronstream.shared.health import Health, HealthServer, open_http
 from cronstream.shared.lanes import abandoned_lanes
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -83,7 +83,8 @@ def run_service(service: Service, settings: Settings) -> int:
     metrics.announce(service.name)
     telemetry.configure(service.name)
     try:
-        server = HealthServer(service.health, settings.http_bind, settings.port_for(service.name))
+        server = open_http(lambda port: HealthServer(service.health, settings.http_bind, port),
+                           service.name, settings.http_port, settings.port_for(service.name))
     except OSError as exc:
         log(logger, "service_failed", logging.ERROR, service=service.name,
             error=f"cannot serve HTTP on {settings.http_bind}:{settings.port_for(service.name)}: {exc}")

@@ -57,7 +57,14 @@ from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
-from cronstream.shared.ids import new_event_id
+from cronstream.shared.ids import (
+    execution_id,
+    idempotency_key,
+    new_event_id,
+    retry_execution_id,
+    run_id,
+    step_idempotency_key,
+)
 from cronstream.shared.statuses import TERMINAL
 
 if TYPE_CHECKING:  # the fast records are read with these models' rules (fast_records.py)
@@ -321,26 +328,13 @@ class JobDefinition(Record):
             if self.type != job_type and present:
                 raise ValueError(f"{field} is only allowed for type {job_type}, not {self.type}")
         if self.type == "DEPENDENT":
-            if not self.depends_on:
-                raise ValueError("depends_on is required for type DEPENDENT (upstream job_ids)")
-            if self.job_id in self.depends_on:
-                raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
-            if len(set(self.depends_on)) != len(self.depends_on):
-                raise ValueError("depends_on: lists an upstream job more than once")
-            if self.condition is not None:
-                try:
-                    parse_condition(self.condition, self.depends_on)
-                except ConditionError as exc:
-                    raise ValueError(f"condition: {exc}") from None
+            self._check_dependencies()
         else:
-            if self.depends_on:
-                raise ValueError(f"depends_on is only allowed for type DEPENDENT, not {self.type}")
-            if self.condition is not None:
-                raise ValueError(f"condition is only allowed for type DEPENDENT, not {self.type}")
-            if self.requires_approval:
-                raise ValueError(
-                    f"requires_approval is only allowed for type DEPENDENT, not {self.type}"
-                )
+            for field, given in (("depends_on", bool(self.depends_on)),
+                                 ("condition", self.condition is not None),
+                                 ("requires_approval", self.requires_approval)):
+                if given:
+                    raise ValueError(f"{field} is only allowed for type DEPENDENT, not {self.type}")
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("end_at must be later than start_at")
         self._check_concurrency()
@@ -356,6 +350,19 @@ class JobDefinition(Record):
         if self.concurrency_policy == "FORBID" and limit != 1:
             raise ValueError(f"max_concurrent_runs: {limit} contradicts concurrency_policy FORBID "
                              "(which is max_concurrent_runs: 1); keep one of them")
+
+    def _check_dependencies(self) -> None:
+        if not self.depends_on:
+            raise ValueError("depends_on is required for type DEPENDENT (upstream job_ids)")
+        if self.job_id in self.depends_on:
+            raise ValueError(f"depends_on: job '{self.job_id}' cannot depend on itself")
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise ValueError("depends_on: lists an upstream job more than once")
+        if self.condition is not None:
+            try:
+                parse_condition(self.condition, self.depends_on)
+            except ConditionError as exc:
+                raise ValueError(f"condition: {exc}") from None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -460,13 +467,13 @@ class Upstream(BaseModel):
         still fit."""
         room = MAX_UPSTREAM_RESULTS_BYTES
         executions: dict[str, UpstreamExecution] = {}
-        for job_id, execution_id, status, result in finals:
+        for job_id, upstream_id, status, result in finals:
             size = 0 if result is None else _json_size(result)
             omitted = size > room
             if not omitted:
                 room -= size
             executions[job_id] = UpstreamExecution.model_validate(
-                {"execution_id": execution_id, "status": status,
+                {"execution_id": upstream_id, "status": status,
                  "result": None if omitted else result, "result_omitted": omitted}, strict=False)
         return cls(root_params=root_params, executions=executions)
 
@@ -495,12 +502,60 @@ class JobDue(Record):
     # A DAG step's view of its run (ctx.upstream); None for every other execution.
     upstream: Upstream | None = None
 
+    # One constructor for each way an execution comes to be asked for; its ids are derived
+    # (shared/ids.py), so whoever builds one again gets the same.
+
+    @classmethod
+    def first(cls, definition: JobDefinition, scheduled_at: datetime, reason: DueReason, *,
+              definition_offset: int | None = None, params: dict[str, Any] | None = None,
+              triggered_by: str | None = None) -> JobDue:
+        """The first attempt of the run that `definition` (read at `definition_offset`)
+        starts at `scheduled_at`: a fire (SCHEDULE; the scheduler renders the same bytes
+        itself, clock.render_due), a trigger (MANUAL) or a backfill (BACKFILL), with the run's
+        `params` (`run_params`: the job's overlaid) and who asked for it."""
+        snapshot = JobSnapshot.of(definition, definition_offset, params)
+        return cls(execution_id=execution_id(definition.job_id, scheduled_at, 1),
+                   job_id=definition.job_id, run_id=run_id(definition.job_id, scheduled_at),
+                   scheduled_at=scheduled_at, attempt_number=1, reason=reason,
+                   idempotency_key=idempotency_key(definition.job_id, scheduled_at, snapshot.params),
+                   job=snapshot, triggered_by=triggered_by[:256] if triggered_by else None)
+
+    @classmethod
+    def step(cls, definition: JobDefinition, run: UUID, scheduled_at: datetime, *,
+             definition_offset: int | None = None, upstream: Upstream | None = None) -> JobDue:
+        """The DAG step `definition` of the run `run` (DEPENDENCY), once per (job, run), with
+        its view of the run's upstreams (ctx.upstream)."""
+        snapshot = JobSnapshot.of(definition, definition_offset)
+        return cls(execution_id=retry_execution_id(definition.job_id, run, 1),
+                   job_id=definition.job_id, run_id=run, scheduled_at=scheduled_at,
+                   attempt_number=1, reason="DEPENDENCY",
+                   idempotency_key=step_idempotency_key(definition.job_id, run, snapshot.params),
+                   job=snapshot, upstream=upstream)
+
+    def next_attempt(self, scheduled_at: datetime) -> JobDue:
+        """The attempt after this one (RETRY): a new execution of the same run and key."""
+        attempt = self.attempt_number + 1
+        return JobDue(execution_id=retry_execution_id(self.job_id, self.run_id, attempt),
+                      job_id=self.job_id, run_id=self.run_id, scheduled_at=scheduled_at,
+                      attempt_number=attempt, reason="RETRY", idempotency_key=self.idempotency_key,
+                      job=self.job, triggered_by=self.triggered_by, upstream=self.upstream)
+
+    def next_delivery(self) -> JobDue:
+        """This execution handed out again (REQUEUE: drain, a dead worker): same id, the
+        next delivery, whose events make the older delivery's stale."""
+        return self.model_copy(update={"reason": "REQUEUE", "delivery": self.delivery + 1})
+
 
 class RetryRequest(JobDue):
     """The JobDue of the next attempt plus when it is due, on the compacted `retries`
     topic (key: execution_id of the next attempt; a tombstone means fired or cancelled)."""
 
     due_at: UtcDatetime
+
+    @classmethod
+    def of(cls, due: JobDue, due_at: datetime) -> RetryRequest:
+        """The timer of `due` (an attempt to come), due at `due_at`."""
+        return cls(**dict(due), due_at=due_at)
 
     def job_due(self) -> JobDue:
         return JobDue.model_validate(self.model_dump(exclude={"due_at"}), strict=False)

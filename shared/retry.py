@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta
-from uuid import UUID, uuid5
 
 from cronstream.shared.fast_records import DueRecord, FastSnapshot, as_model
-from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.records import JobSnapshot, RetryRequest
 from cronstream.shared.schedule import to_millis
 
@@ -33,26 +31,7 @@ def attempts_left(due: DueRecord) -> bool:
     return due.attempt_number < 1 + due.job.max_retries
 
 
-def retry_execution_id(job_id: str, run_id: UUID, attempt: int) -> UUID:
-    """Deterministic: a run's attempt n of a job has one id whoever computes it."""
-    return uuid5(NAMESPACE, f"retry|{job_id}|{run_id}|{attempt}")
-
-
 def next_attempt(due: DueRecord, failed_at: datetime, rng: random.Random) -> RetryRequest:
-    attempt = due.attempt_number + 1
+    """The timer of the attempt after `due`'s, which failed at `failed_at` (SPEC §5.5)."""
     due_at = to_millis(failed_at + timedelta(seconds=retry_delay(due.job, due.attempt_number, rng)))
-    model = as_model(due)
-    # The same run: who asked for it and, for a DAG step, what it saw of its upstreams.
-    return RetryRequest(
-        execution_id=retry_execution_id(due.job_id, due.run_id, attempt),
-        job_id=due.job_id,
-        run_id=due.run_id,
-        scheduled_at=due_at,
-        attempt_number=attempt,
-        reason="RETRY",
-        idempotency_key=due.idempotency_key,
-        job=model.job,
-        triggered_by=model.triggered_by,
-        upstream=model.upstream,
-        due_at=due_at,
-    )
+    return RetryRequest.of(as_model(due).next_attempt(due_at), due_at)

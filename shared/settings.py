@@ -34,7 +34,7 @@ from cronstream.shared.topics import Topics
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
 # Settings written as comma-separated lists in the environment.
-_LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
+LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
                             "ui_trusted_proxies"})
 # The dashboard's tokens: shorter ones are refused at start.
 MIN_TOKEN_LENGTH = 16
@@ -126,7 +126,8 @@ class Settings(BaseModel):
     # aborts its predecessor. On Kubernetes: the pod name of a StatefulSet.
     instance_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")] | None = None
     # HTTP for /metrics, /healthz, /readyz; None = the service's default port (SERVICE_PORTS),
-    # 0 = any free port (logged as action=http_serving).
+    # or a free one when that is taken (health.open_http); 0 = any free port (logged as
+    # action=http_serving).
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     http_bind: str = "0.0.0.0"
     kafka_config: dict[str, str] = Field(default_factory=dict)
@@ -219,7 +220,7 @@ class Settings(BaseModel):
                 continue
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw.split(",") if name in _LIST_SETTINGS else raw
+                values[name] = raw.split(",") if name in LIST_SETTINGS else raw
         for key, raw in env.items():
             if key.startswith(KAFKA_PASSTHROUGH_PREFIX) and key != "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS":
                 prop = key[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", ".")

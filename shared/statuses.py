@@ -59,3 +59,11 @@ FINAL: frozenset[str] = frozenset({
 RETRYABLE: frozenset[str] = frozenset({Status.FAILED, Status.TIMED_OUT})
 SUCCESS: frozenset[str] = frozenset({Status.COMPLETED})
 FAILURE: frozenset[str] = frozenset({Status.FAILED, Status.TIMED_OUT, Status.PERMANENTLY_FAILED})
+# How a run ends once it ran, its last attempt's status: what a success rate counts. Per
+# run, not per attempt: a first try that fails and a retry that succeeds is one success;
+# CANCELLED and SKIPPED are decisions, not outcomes (docs/decisions/0053).
+RUN_OUTCOMES: frozenset[str] = frozenset({Status.COMPLETED, Status.PERMANENTLY_FAILED})
+# Events, not resting states: a projected execution keeps its status through them.
+EVENTS_ONLY: frozenset[str] = frozenset({Status.PROGRESS, Status.REQUEUED})
+# Not at rest: waiting for a worker or a person, or running.
+ACTIVE: frozenset[str] = frozenset({Status.QUEUED, Status.RUNNING, Status.AWAITING_APPROVAL})

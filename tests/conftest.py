@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -23,6 +24,9 @@ from cronstream.shared.db import apply_migrations, connect
 from cronstream.shared.kafka import delete_topics, ensure_topics
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess
+
+if TYPE_CHECKING:
+    from testcontainers.core.container import DockerContainer
 
 CI = bool(os.environ.get("CI"))
 DEFAULT_KAFKA = "localhost:9092"
@@ -62,7 +66,7 @@ def _docker_answers() -> bool:
 def servers() -> Iterator[tuple[str, str]]:
     kafka = os.environ.get("CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS")
     database = os.environ.get("CRONSTREAM_DATABASE_URL")
-    containers = []
+    containers: list[DockerContainer] = []
     if kafka is None and answers("127.0.0.1", 9092):
         kafka = DEFAULT_KAFKA
     if database is None and answers("127.0.0.1", 5432):

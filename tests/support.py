@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -26,18 +26,20 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
-from cronstream.shared.kafka import producer_config
+from cronstream.shared.health import serving_port
+from cronstream.shared.kafka import position, producer_config
 from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.settings import Settings
 
 T = TypeVar("T")
 
 
-def eventually(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.2,
-               message: str = "condition") -> T:
-    """Poll `condition` until it returns something truthy; fail after `timeout`."""
+def eventually(condition: Callable[[], T | Literal[False] | None], timeout: float = 30.0,
+               interval: float = 0.2, message: str = "condition") -> T:
+    """Poll `condition` until it returns something truthy (`x and y` conditions return
+    the last value); fail after `timeout`."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | Literal[False] | None = None
     while time.monotonic() < deadline:
         last = condition()
         if last:
@@ -114,10 +116,7 @@ class ServiceProcess:
 
     def http_port(self, timeout: float = 30.0) -> int:
         """The port this service serves /metrics, /healthz and /readyz on (from its log)."""
-        def port() -> int | None:
-            match = re.search(r"action=http_serving .*?port=(\d+)", self.log())
-            return int(match[1]) if match else None
-        return eventually(port, timeout, message=f"{self.name} serving HTTP")
+        return eventually(lambda: serving_port(self.log()), timeout, message=f"{self.name} serving HTTP")
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET http://127.0.0.1:<http_port><path>: (status, body)."""
@@ -200,7 +199,7 @@ def projection_equals_log(settings: Settings) -> bool:
     topic may hold one event twice, byte for byte: a worker re-sends what it built when a
     lost broker left its commit's outcome unknown — docs/consuming-events.md. The chaos
     ledger counts such repeats and fails on any that differ.)"""
-    on_topic = {json.loads(m.value())["event_id"]
+    on_topic = {json.loads(value(m))["event_id"]
                 for m in read_all(settings, settings.topics.execution_events)}
     in_db = {str(r["event_id"]) for r in sql(settings.database_url,
                                              "SELECT event_id FROM execution_events")}
@@ -208,7 +207,7 @@ def projection_equals_log(settings: Settings) -> bool:
 
 
 def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,
-            headers: list[tuple[str, bytes]] | None = None) -> None:
+            headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
     """Publish one record as any plain Kafka client would."""
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
                          "enable.idempotence": True})
@@ -242,13 +241,14 @@ def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Mess
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.5):
+                _topic, partition, offset = position(msg)
                 if msg.error() is not None:
-                    if msg.partition() in pending and msg.offset() >= ends[msg.partition()]:
-                        pending.discard(msg.partition())
+                    if partition in pending and offset >= ends[partition]:
+                        pending.discard(partition)
                     continue
                 records.append(msg)
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    pending.discard(msg.partition())
+                if offset + 1 >= ends[partition]:
+                    pending.discard(partition)
         return records
     finally:
         consumer.close()
@@ -282,7 +282,18 @@ def holding_the_workers_group(settings: Settings, instance_id: str | None = None
 
 
 def header(msg: Message, name: str) -> str | None:
-    for key, value in msg.headers() or []:
-        if key == name:
-            return value.decode()
-    return None
+    return headers(msg).get(name)
+
+
+def headers(msg: Message) -> dict[str, str]:
+    """A consumed record's headers (bytes, as Kafka gives them), decoded."""
+    found = msg.headers() or []
+    return {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in found} \
+        if isinstance(found, list) else {}
+
+
+def value(msg: Message) -> bytes:
+    """A consumed record's value, which the test knows is there (not a tombstone)."""
+    found = msg.value()
+    assert isinstance(found, bytes), f"a tombstone at {position(msg)}"
+    return found

@@ -22,7 +22,13 @@ from cronstream.cli import (
     ui_cmd,
     view_cmds,
 )
-from cronstream.cli.common import EXIT_OK, CliState, CronstreamGroup, stdout_closed
+from cronstream.cli.common import (
+    EXIT_OK,
+    CliState,
+    CronstreamGroup,
+    setting_assignments,
+    stdout_closed,
+)
 
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
@@ -32,22 +38,27 @@ CLIENT_COMMANDS = frozenset({
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--bootstrap-servers", envvar="CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS",
-              help="Kafka bootstrap servers [CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS].")
-@click.option("--database-url", envvar="CRONSTREAM_DATABASE_URL",
-              help="PostgreSQL URL [CRONSTREAM_DATABASE_URL].")
-@click.option("--topic-prefix", envvar="CRONSTREAM_TOPIC_PREFIX",
-              help="Prefix of every topic [CRONSTREAM_TOPIC_PREFIX].")
+@click.option("--bootstrap-servers", help="Kafka bootstrap servers [CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS].")
+@click.option("--database-url", help="PostgreSQL URL [CRONSTREAM_DATABASE_URL].")
+@click.option("--topic-prefix", help="Prefix of every topic [CRONSTREAM_TOPIC_PREFIX].")
 @click.option("--kafka-config", "kafka_config", multiple=True, metavar="KEY=VALUE",
               help="Any librdkafka property (repeatable) [CRONSTREAM_KAFKA_<PROPERTY>].")
-@click.option("--log-level", envvar="CRONSTREAM_LOG_LEVEL", help="DEBUG, INFO, WARNING, ERROR.")
+@click.option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")
+@click.option("--heartbeat-interval-seconds", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between a worker's heartbeats [CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS].")
+@click.option("--worker-dead-after-seconds", type=click.FloatRange(min=0, min_open=True),
+              help="A worker silent this long is declared dead [CRONSTREAM_WORKER_DEAD_AFTER_SECONDS].")
+@click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
+              help="Any setting, named as its variable with or without CRONSTREAM_ "
+                   "(--set worker_dead_after_seconds=10); repeatable; its own flag wins.")
 @click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
               help="Seconds to wait for Kafka or PostgreSQL before giving up (exit 3).")
 @click.version_option(package_name="cronstream")
 @click.pass_context
 def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | None,
         topic_prefix: str | None, kafka_config: tuple[str, ...], log_level: str | None,
-        timeout: float) -> None:
+        heartbeat_interval_seconds: float | None, worker_dead_after_seconds: float | None,
+        assignments: tuple[str, ...], timeout: float) -> None:
     """cronstream: cron, interval and one-time jobs on Apache Kafka.
 
     Start with `cronstream dev` (everything, with examples and a live view).
@@ -62,11 +73,13 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
         if not sep or not key:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--kafka-config")
         extra[key.strip()] = value
-    overrides: dict[str, Any] = {
+    flags: dict[str, Any] = {
         "kafka_bootstrap_servers": bootstrap_servers,
         "database_url": database_url,
         "topic_prefix": topic_prefix,
         "log_level": log_level,
+        "heartbeat_interval_seconds": heartbeat_interval_seconds,
+        "worker_dead_after_seconds": worker_dead_after_seconds,
         "kafka_config": extra or None,
     }
     if ctx.invoked_subcommand in CLIENT_COMMANDS and (log_level or "").upper() != "DEBUG":
@@ -74,7 +87,9 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
         # outcome in one line instead (exit 3). Services keep their librdkafka logs.
         logging.getLogger("librdkafka").addHandler(logging.NullHandler())
         logging.getLogger("librdkafka").propagate = False
-    ctx.obj = CliState({k: v for k, v in overrides.items() if v is not None}, timeout)
+    # A setting's own flag wins over --set, and both over the environment.
+    overrides = setting_assignments(assignments) | {k: v for k, v in flags.items() if v is not None}
+    ctx.obj = CliState(overrides, timeout)
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, history_cmds, logs_cmd,

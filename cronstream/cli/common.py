@@ -7,6 +7,7 @@ the command quietly with 0.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cronstream.client import Client
 from cronstream.errors import CronstreamError, NotFoundError, UnavailableError
-from cronstream.shared.settings import Settings, SettingsError
+from cronstream.shared.settings import ENV_PREFIX, LIST_SETTINGS, Settings, SettingsError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -39,6 +40,27 @@ class Unreachable(click.ClickException):
 
 class NotFound(click.ClickException):
     exit_code = EXIT_NOT_FOUND
+
+
+def setting_assignments(items: tuple[str, ...]) -> dict[str, Any]:
+    """`--set NAME=VALUE` items as settings overrides. NAME is a setting as its environment
+    variable names it, with or without the prefix, in any case (`worker_dead_after_seconds`,
+    `CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`); VALUE is read as the variable's would be
+    (lists comma-separated: `worker_queues=a,b`). Librdkafka properties go through --kafka-config."""
+    settable = sorted(set(Settings.model_fields) - {"kafka_config"})
+    found: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        key = name.strip().lower().removeprefix(ENV_PREFIX.lower())
+        if not sep or key not in settable:
+            close = difflib.get_close_matches(key, settable, n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise click.BadParameter(
+                f"{item!r}: expected NAME=VALUE with NAME a setting; {hint}"
+                f"settings: {', '.join(settable)} (Kafka properties: --kafka-config)",
+                param_hint="--set")
+        found[key] = value.split(",") if key in LIST_SETTINGS else value
+    return found
 
 
 @dataclass

@@ -20,9 +20,11 @@ from cronstream.cli.infra_cmds import initialise
 from cronstream.cli.view_cmds import fetch, runs_table
 from cronstream.client import Client, load_definitions
 from cronstream.infra import Infra
+from cronstream.shared.health import serving_port
 from cronstream.shared.settings import SERVICE_PORTS
 
-WORKER_PORT_BASE = 9190  # worker i > 1 serves HTTP on 9190 + i
+# How long `dev` waits for the services to say where they serve HTTP before it prints.
+PORTS_WAIT_SECONDS = 15.0
 
 
 def _examples_dir(given: str | None) -> Path:
@@ -60,24 +62,33 @@ def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout: float = 40.0) -
 
 
 def _start_services(procs: dict[str, subprocess.Popen[bytes]], folder: Path, env: dict[str, str],
-                    log_dir: Path, n_workers: int) -> dict[str, int]:
-    """Start every service into `procs`; return each one's HTTP port."""
+                    log_dir: Path, n_workers: int) -> None:
+    """Start every service into `procs`. Each serves HTTP on its default port, or on a free
+    one when that is taken (the second worker, another `dev`): `_ports` reads which."""
     procs["monitor"] = _spawn(["monitor"], env, log_dir, "monitor")
     procs["scheduler"] = _spawn(["scheduler"], env, log_dir, "scheduler")
     procs["dispatcher"] = _spawn(["dispatcher"], env, log_dir, "dispatcher")
     procs["analytics"] = _spawn(["analytics"], env, log_dir, "analytics")
     imports = [p.stem for p in folder.glob("*.py")]
-    ports = {name: SERVICE_PORTS[name] for name in ("monitor", "scheduler", "dispatcher", "analytics")}
     for i in range(1, n_workers + 1):
-        # Workers side by side: the first on the worker default, the others above the UI's.
-        port = SERVICE_PORTS["worker"] if i == 1 else WORKER_PORT_BASE + i
-        args = ["worker", "--worker-id", f"dev-worker-{i}", "--http-port", str(port)]
+        args = ["worker", "--worker-id", f"dev-worker-{i}"]
         for module in imports:
             args += ["--import", module]
         procs[f"worker-{i}"] = _spawn(args, env, log_dir, f"worker-{i}")
-        ports[f"worker-{i}"] = port
     procs["ui"] = _spawn(["ui"], env, log_dir, "ui")  # the web dashboard, on loopback
-    ports["ui"] = SERVICE_PORTS["ui"]
+
+
+def _ports(procs: dict[str, subprocess.Popen[bytes]], log_dir: Path) -> dict[str, int | None]:
+    """Where each service serves HTTP, as its log says (None: not said in time)."""
+    ports: dict[str, int | None] = dict.fromkeys(procs)
+    deadline = time.monotonic() + PORTS_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if ports[name] is None and proc.poll() is None:
+                ports[name] = serving_port((log_dir / f"{name}.log").read_text(errors="replace"))
+        if all(p is not None or procs[n].poll() is not None for n, p in ports.items()):
+            break
+        time.sleep(0.2)
     return ports
 
 
@@ -104,15 +115,20 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
         env["CRONSTREAM_DATABASE_URL"] = settings.database_url
         env["CRONSTREAM_TOPIC_PREFIX"] = settings.topic_prefix
         env.setdefault("CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS", "5")
-        ports = _start_services(procs, folder, env, log_dir, n_workers)
+        # Each service on its default port, or a free one (the first worker takes 9183,
+        # the second another): a port given for all of them could serve only one.
+        env.pop("CRONSTREAM_HTTP_PORT", None)
+        _start_services(procs, folder, env, log_dir, n_workers)
         with Client(settings) as client:
             client.apply(definitions)
         click.echo(f"applied {len(definitions)} example job(s) from {folder}; "
                    f"service logs in {log_dir}/; Ctrl-C stops everything")
-        click.echo(f"dashboard: http://127.0.0.1:{ports['ui']}/ (cronstream ui; read-only "
-                   "unless CRONSTREAM_UI_TOKEN is set)")
+        ports = _ports(procs, log_dir)
+        click.echo(f"dashboard: http://127.0.0.1:{ports['ui'] or SERVICE_PORTS['ui']}/ (cronstream "
+                   "ui; read-only unless CRONSTREAM_UI_TOKEN is set)")
         click.echo("metrics and probes: " + ", ".join(
-            f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()))
+            f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()
+            if name != "ui" and port is not None))
         if no_view:
             while all(p.poll() is None for p in procs.values()):
                 time.sleep(0.5)

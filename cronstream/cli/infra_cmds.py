@@ -82,13 +82,11 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
 
 
 @click.command()
-@click.option("--partitions", type=click.IntRange(1, 1000), envvar="CRONSTREAM_TOPIC_PARTITIONS",
+@click.option("--partitions", type=click.IntRange(1, 1000),
               help="Partitions of job-due, execution-events and the work topics (default 6).")
 @click.option("--replication-factor", type=click.IntRange(-1, 32),
-              envvar="CRONSTREAM_TOPIC_REPLICATION_FACTOR",
               help="Replication factor of new topics (default: the broker's; 3 in production).")
 @click.option("--min-insync-replicas", type=click.IntRange(1, 32),
-              envvar="CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS",
               help="min.insync.replicas of new topics (default: the broker's; 2 in production).")
 @click.option("--roles", is_flag=True,
               help="First create the PostgreSQL roles cronstream_owner, cronstream_writer and "

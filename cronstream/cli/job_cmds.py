@@ -14,10 +14,10 @@ from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, client_identity
 from cronstream.definitions import check_dags, document, load_sources, without_stamps
 from cronstream.errors import DefinitionError, ParamsError
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.records import CommandKind, JobDefinition
-from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.schedule import first_fire, upcoming
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import RETRYABLE, TERMINAL
 from cronstream.versions import document_diff
 
 
@@ -226,7 +226,7 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
     row = rows[0] if rows else None
     reason = reason or "cancelled by an operator"
     target, job_id = execution_id, row["job_id"] if row is not None else None
-    if row is not None and row["status"] in ("FAILED", "TIMED_OUT"):
+    if row is not None and row["status"] in RETRYABLE:
         # Its next attempt has a deterministic id: cancel that one.
         attempt = row["attempt_number"] + 1
         target = retry_execution_id(row["job_id"], row["run_id"], attempt)

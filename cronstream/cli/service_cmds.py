@@ -19,10 +19,10 @@ def http_options(service: str) -> Callable[[Callable[..., Any]], Callable[..., A
     """--http-port and --http-bind: where /metrics, /healthz and /readyz are served."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn = click.option("--http-bind", envvar="CRONSTREAM_HTTP_BIND",
+        fn = click.option("--http-bind",
                           help="Address for /metrics, /healthz, /readyz (default 0.0.0.0).")(fn)
         return click.option(
-            "--http-port", type=click.IntRange(0, 65535), envvar="CRONSTREAM_HTTP_PORT",
+            "--http-port", type=click.IntRange(0, 65535),
             help=f"Port for /metrics, /healthz, /readyz (default {SERVICE_PORTS[service]}; "
                  "0: any free port).")(fn)
 
@@ -31,16 +31,14 @@ def http_options(service: str) -> Callable[[Callable[..., Any]], Callable[..., A
 
 def instance_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--instance-id", envvar="CRONSTREAM_INSTANCE_ID",
-        help="Stable name of this instance (default hostname-pid); its Kafka transactional "
+        "--instance-id", help="Stable name of this instance (default hostname-pid); its Kafka transactional "
              "id derives from it, so a restart with the same name fences its predecessor.")(fn)
 
 
 @click.command()
 @instance_option
 @http_options("scheduler")
-@click.option("--session-timeout-ms", type=int, envvar="CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS",
-              help="Failover bound: the election group's session timeout.")
+@click.option("--session-timeout-ms", type=int, help="Failover bound: the election group's session timeout.")
 @pass_state
 def scheduler(state: CliState, instance_id: str | None, http_port: int | None,
               http_bind: str | None, session_timeout_ms: int | None) -> None:
@@ -66,10 +64,9 @@ def dispatcher(state: CliState, instance_id: str | None, http_port: int | None,
 
 
 @click.command()
-@click.option("--worker-id", envvar="CRONSTREAM_WORKER_ID", help="Default hostname-pid.")
-@click.option("--concurrency", type=int, envvar="CRONSTREAM_WORKER_CONCURRENCY",
-              help="Executions run at once.")
-@click.option("--queues", envvar="CRONSTREAM_WORKER_QUEUES", help="Comma-separated queues.")
+@click.option("--worker-id", help="Default hostname-pid.")
+@click.option("--concurrency", type=int, help="Executions run at once.")
+@click.option("--queues", help="Comma-separated queues.")
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Module that registers handlers with @handler (repeatable).")
 @click.option("--allow-shell", "allow_shell", multiple=True, is_flag=False, flag_value="",

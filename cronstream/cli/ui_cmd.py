@@ -11,11 +11,10 @@ from cronstream.shared.settings import SERVICE_PORTS
 
 
 @click.command()
-@click.option("--http-port", type=click.IntRange(0, 65535), envvar="CRONSTREAM_HTTP_PORT",
+@click.option("--http-port", type=click.IntRange(0, 65535),
               help=f"Port to serve on (default {SERVICE_PORTS['ui']}; 0: any free port).")
-@click.option("--bind", envvar="CRONSTREAM_UI_BIND",
-              help="Address to listen on (default 127.0.0.1: this machine only).")
-@click.option("--protect-reads", is_flag=True, default=None, envvar="CRONSTREAM_UI_PROTECT_READS",
+@click.option("--bind", help="Address to listen on (default 127.0.0.1: this machine only).")
+@click.option("--protect-reads", is_flag=True, default=None,
               help="Require a login for the read-only pages too.")
 @pass_state
 def ui(state: CliState, http_port: int | None, bind: str | None, protect_reads: bool | None) -> None:

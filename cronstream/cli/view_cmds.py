@@ -115,8 +115,8 @@ def read_jobs(client: Client) -> list[Row]:
         "timezone": r["timezone"], "handler": r["handler"], "queue": r["queue"],
         "priority": r["priority"], "enabled": r["enabled"],
         "next_execution_at": r["next_execution_at"], "last_status": r["last_status"],
-        "last_scheduled_at": r["last_scheduled_at"], "finished_24h": r["total"],
-        "succeeded_24h": r["succeeded"], "updated_at": r["updated_at"],
+        "last_scheduled_at": r["last_scheduled_at"], "finished_24h": r["finished_24h"],
+        "succeeded_24h": r["succeeded_24h"], "updated_at": r["updated_at"],
     } for r in client.fetch("jobs_list")]
 
 

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from cronstream.shared.settings import Settings
+from cronstream.shared.statuses import Status
 from cronstream.ui import views
 from cronstream.ui.actions import ActionFailed, ActionRefused, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
@@ -205,26 +206,10 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
 
     async def endpoint(request: Request) -> Response:
         ui: UI = request.app.state.ui
-        if not ui.auth.actions_enabled:
-            return ui.error(request, 403, "Actions are off",
-                            "Set CRONSTREAM_UI_TOKEN or CRONSTREAM_UI_IDENTITY_HEADER to enable them.")
-        wait = ui.auth.throttled(request)
-        identity = ui.auth.identify(request)
-        if identity is None:
-            refused = _throttled(ui, request, wait)
-            if refused is not None:
-                return refused
-            response = ui.error(request, 401, "Authentication required",
-                                "Log in (or send Authorization: Bearer <token>) to act.")
-            response.headers["WWW-Authenticate"] = 'Bearer realm="cronstream"'
-            return response
-        if not Auth.same_origin(request):
-            return ui.error(request, 403, "Forbidden", "cross-origin request refused")
-        form = await _form(request, PARAMS_FORM_BYTES if request.url.path.endswith("/trigger")
-                           else MAX_FORM_BYTES)
-        if identity.via != "bearer" and not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
-            return ui.error(request, 403, "Forbidden",
-                            "missing or invalid CSRF token: reload the page and try again")
+        allowed = await _allowed_to_act(ui, request)
+        if isinstance(allowed, Response):
+            return allowed
+        identity, form = allowed
         try:
             notice = await handler(ui, request, identity, form)
         except BadInput as exc:
@@ -249,6 +234,32 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
         return RedirectResponse(f"{back}{separator}notice={quote(notice)}", 303)
 
     return endpoint
+
+
+async def _allowed_to_act(ui: UI, request: Request) -> Response | tuple[Identity, dict[str, str]]:
+    """Who acts and their form, or the refusal: actions off, no identity (throttled after
+    failures), a foreign Origin, a missing or wrong CSRF token."""
+    if not ui.auth.actions_enabled:
+        return ui.error(request, 403, "Actions are off",
+                        "Set CRONSTREAM_UI_TOKEN or CRONSTREAM_UI_IDENTITY_HEADER to enable them.")
+    wait = ui.auth.throttled(request)
+    identity = ui.auth.identify(request)
+    if identity is None:
+        refused = _throttled(ui, request, wait)
+        if refused is not None:
+            return refused
+        response = ui.error(request, 401, "Authentication required",
+                            "Log in (or send Authorization: Bearer <token>) to act.")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="cronstream"'
+        return response
+    if not Auth.same_origin(request):
+        return ui.error(request, 403, "Forbidden", "cross-origin request refused")
+    form = await _form(request, PARAMS_FORM_BYTES if request.url.path.endswith("/trigger")
+                       else MAX_FORM_BYTES)
+    if identity.via != "bearer" and not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
+        return ui.error(request, 403, "Forbidden",
+                        "missing or invalid CSRF token: reload the page and try again")
+    return identity, form
 
 
 async def _form(request: Request, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
@@ -495,7 +506,7 @@ async def _execution_in(ui: UI, request: Request, states: tuple[str, ...]) -> An
 
 @action
 async def cancel(ui: UI, request: Request, who: Identity, form: dict[str, str]) -> str:
-    row = await _execution_in(ui, request, ("QUEUED", "RUNNING"))
+    row = await _execution_in(ui, request, (Status.QUEUED, Status.RUNNING))
     await _actions(ui).cancel(row["execution_id"], _reason(form) or f"cancelled by {who.name}", who.name)
     return f"cancel sent for {row['job_id']} (execution {row['execution_id']}, was {row['status']})"
 

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,7 +213,7 @@ class LiveHub:
             _offer(queue, payload)
 
     async def stream(self, keepalive: float = 15.0, key: str = RUNS, render: Render | None = None,
-                     channels: tuple[str, ...] = CHANNELS, event: str = "runs") -> AsyncIterator[str]:
+                     channels: tuple[str, ...] = CHANNELS, event: str = "runs") -> AsyncGenerator[str, None]:
         """Server-sent events for one browser: the current view `key` (made with `render`
         when nobody watches it yet), then each re-render."""
         view = self._views.get(key)

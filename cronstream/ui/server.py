@@ -19,6 +19,7 @@ from types import FrameType
 import uvicorn
 
 from cronstream.shared import logs, metrics
+from cronstream.shared.health import open_http
 from cronstream.shared.lifecycle import die_with_parent
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -75,7 +76,7 @@ def serve(settings: Settings) -> int:
     metrics.announce(SERVICE)
     port = settings.port_for(SERVICE)
     try:
-        sock = _listen(settings.ui_bind, port)
+        sock = open_http(lambda p: _listen(settings.ui_bind, p), SERVICE, settings.http_port, port)
     except OSError as exc:
         log(logger, "service_failed", logging.ERROR, service=SERVICE,
             error=f"cannot serve HTTP on {settings.ui_bind}:{port}: {exc}")

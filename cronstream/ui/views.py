@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.records import ExecutionStatus, JobDefinition
 from cronstream.shared.schedule import upcoming
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import FINAL, TERMINAL, Status
 from cronstream.ui import graph
 from cronstream.ui.store import Store
 from cronstream.ui.timeline import Mark, MarkKind, Row, Window, load, project_row
@@ -30,7 +30,6 @@ RESULT_CHARS = 16 * 1024
 TIMELINE_JOBS = 25
 TIMELINE_BUCKETS = 240
 TIMELINE_HOURS = (6, 24, 72, 168)
-FINAL = {"COMPLETED", "PERMANENTLY_FAILED", "CANCELLED", "SKIPPED"}
 LOG_LINES_SHOWN = 1000  # the execution page's log: its last lines
 VERSIONS_SHOWN = 20  # the job page's latest versions
 STATUSES: tuple[str, ...] = ExecutionStatus.__args__  # type: ignore[attr-defined]
@@ -184,7 +183,7 @@ def _version_number(value: str, name: str) -> int:
 async def runs(store: Store) -> dict[str, Any]:
     counts = {r["status"]: r["n"] for r in await store.fetch("active_counts")}
     return {
-        "counts": {s: counts.get(s, 0) for s in ("RUNNING", "QUEUED", "AWAITING_APPROVAL")},
+        "counts": {s: counts.get(s, 0) for s in (Status.RUNNING, Status.QUEUED, Status.AWAITING_APPROVAL)},
         "running": await store.fetch("active", "RUNNING", LIVE_ROWS),
         "queued": await store.fetch("active", "QUEUED", LIVE_ROWS),
         "awaiting": await store.fetch("active", "AWAITING_APPROVAL", LIVE_ROWS),

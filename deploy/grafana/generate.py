@@ -90,8 +90,10 @@ def _quantile(q: float, histogram: str, by: str = "") -> str:
 
 
 COMPLETED = 'cronstream_executions_total{status="COMPLETED"}'
-FINISHED = 'cronstream_executions_total{status=~"COMPLETED|FAILED|TIMED_OUT|PERMANENTLY_FAILED"}'
-SUCCESS_RATE = f"sum({_rate(COMPLETED)}) / sum({_rate(FINISHED)})"
+# Per run (docs/decisions/0053): a run ends COMPLETED or PERMANENTLY_FAILED; a FAILED or
+# TIMED_OUT attempt has a retry to come.
+ENDED = 'cronstream_executions_total{status=~"COMPLETED|PERMANENTLY_FAILED"}'
+SUCCESS_RATE = f"sum({_rate(COMPLETED)}) / sum({_rate(ENDED)})"
 
 OVERVIEW = Dashboard(
     uid="cronstream-overview",
@@ -103,7 +105,7 @@ OVERVIEW = Dashboard(
              unit="ops"),
         Prom("Executions per second, by final status",
              (("{{status}}", f"sum by (status) ({_rate('cronstream_executions_total')})"),), unit="ops"),
-        Prom("Success rate (all jobs)",
+        Prom("Success rate per run (all jobs)",
              (("success rate", SUCCESS_RATE),),
              unit="percentunit"),
         Prom("Execution duration p50 / p95 / p99",
@@ -129,7 +131,7 @@ OVERVIEW = Dashboard(
              w=8),
         Sql("Alerts firing", "overview_alerts_firing",
             ("time", "kind", "severity", "subject", "summary"), w=24),
-        Sql("Jobs: last status, next run, 24 h success rate", "overview_jobs",
+        Sql("Jobs: last status, next run, 24 h success rate per run", "overview_jobs",
             ("job_id", "type", "schedule", "enabled", "last_status", "last_run", "next_run",
              "success_rate_24h"), w=24, h=10),
         Sql("Executions by status (projection)", "overview_executions_by_status",

@@ -13,25 +13,13 @@ ORDER BY fired_at DESC
 LIMIT 100;
 
 -- name: overview_jobs
--- Every job with its last status, next run and 24 h success rate (the product's job list).
-SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
-                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                                  array_to_string(d.depends_on, ',')) AS schedule,
-       d.enabled, last.status AS last_status, last.scheduled_at AS last_run,
-       d.next_execution_at AS next_run,
-       round(100.0 * stats.succeeded / NULLIF(stats.finished, 0), 1) AS success_rate_24h
-FROM job_definitions d
-LEFT JOIN LATERAL (
-    SELECT status, scheduled_at FROM job_executions e
-    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                              'PERMANENTLY_FAILED')) AS finished,
-           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
-    FROM job_executions e
-    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
-WHERE d.deleted_at IS NULL
-ORDER BY d.job_id;
+-- Every job with its last status, next run and 24 h success rate per run (the product's
+-- job list: the view job_overview, as `cronstream jobs` and the dashboard read it).
+SELECT job_id, type, schedule_text AS schedule, enabled, last_status,
+       last_scheduled_at AS last_run, next_execution_at AS next_run,
+       round(100.0 * succeeded_24h / NULLIF(finished_24h, 0), 1) AS success_rate_24h
+FROM job_overview
+ORDER BY job_id;
 
 -- name: overview_executions_by_status
 SELECT $__timeGroupAlias(scheduled_at, $__interval), status AS metric, count(*) AS value
@@ -43,8 +31,8 @@ ORDER BY 1;
 -- name: overview_success_rate
 SELECT $__timeGroupAlias(completed_at, $__interval),
        100.0 * count(*) FILTER (WHERE status = 'COMPLETED')
-           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                                      'PERMANENTLY_FAILED')), 0) AS success_rate
+           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'PERMANENTLY_FAILED')), 0)
+           AS success_rate
 FROM job_executions
 WHERE $__timeFilter(completed_at) AND completed_at IS NOT NULL
 GROUP BY 1
@@ -85,8 +73,8 @@ LIMIT 500;
 -- name: job_success_rate
 SELECT $__timeGroupAlias(scheduled_at, $__interval),
        100.0 * count(*) FILTER (WHERE status = 'COMPLETED')
-           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                                      'PERMANENTLY_FAILED')), 0) AS success_rate
+           / NULLIF(count(*) FILTER (WHERE status IN ('COMPLETED', 'PERMANENTLY_FAILED')), 0)
+           AS success_rate
 FROM job_executions
 WHERE job_id = ${job:sqlstring} AND $__timeFilter(scheduled_at)
 GROUP BY 1

@@ -68,6 +68,8 @@ class LedgerJob:
     running: dict[UUID, int] = field(default_factory=dict)  # execution -> scheduled_ms
     state_next_ms: int | None = None
     state_last_ms: int | None = None
+    # This job's judged fires by outcome, since the ledger's horizon: its alerts' evidence.
+    outcomes: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class LateStatus:
 
     starts: list[Pending]
     finishes: list[tuple[UUID, int]]
+    # The job's fires judged so far, by outcome (LedgerJob.outcomes).
+    history: dict[str, int] = field(default_factory=dict)
 
     @property
     def late(self) -> bool:
@@ -88,6 +92,7 @@ class FireLedger:
         # the service replayed.
         self.start_ms = start_ms
         self.jobs: dict[str, LedgerJob] = {}
+        # Every job's outcomes since the caller last cleared it (the service's metrics).
         self.outcomes: Counter[str] = Counter()
 
     # -- inputs ------------------------------------------------------------------------
@@ -149,9 +154,9 @@ class FireLedger:
             judged += 1
             status = job.seen.get(t)
             if status is not None:
-                self.outcomes["concurrency_policy" if status == "SKIPPED" else "on_time"] += 1
+                self._count(job, "concurrency_policy" if status == "SKIPPED" else "on_time")
             elif not job.definition.enabled and not job.invalid:
-                self.outcomes["paused"] += 1
+                self._count(job, "paused")
             else:
                 job.pending[t] = Pending(t, "scheduler_down")
             job.cursor_ms = _next(job.definition, t)
@@ -162,13 +167,18 @@ class FireLedger:
             del job.seen[t]
         finishes = [(e, t) for e, t in job.running.items()
                     if job.finish_within_ms is not None and t + job.finish_within_ms <= now_ms]
-        return LateStatus(sorted(job.pending.values(), key=lambda p: p.scheduled_ms), finishes)
+        return LateStatus(sorted(job.pending.values(), key=lambda p: p.scheduled_ms), finishes,
+                          dict(job.outcomes))
+
+    def _count(self, job: LedgerJob, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        job.outcomes[outcome] += 1
 
     def _recheck(self, job: LedgerJob, pending: Pending, now_ms: int) -> None:
         t = pending.scheduled_ms
         if t in job.seen:
             del job.pending[t]
-            self.outcomes["late"] += 1
+            self._count(job, "late")
             return
         passed = job.state_next_ms is not None and job.state_next_ms > t and job.state_last_ms != t
         if passed:
@@ -176,7 +186,7 @@ class FireLedger:
                 pending.passed_since_ms = now_ms
             if now_ms - pending.passed_since_ms >= SETTLE_MS:
                 del job.pending[t]
-                self.outcomes["misfire_policy"] += 1
+                self._count(job, "misfire_policy")
                 return
         else:
             pending.passed_since_ms = None

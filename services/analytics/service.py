@@ -9,8 +9,10 @@ Start, in this order (no offsets are committed, no internal topics are created):
 2. Read `job-definitions` and `scheduler-state` to their end: every job's thresholds and
    schedule, and where the scheduler's clock stands (ledger.py).
 3. Replay `execution-events` from `now − analytics_lookback_seconds` (offsets_for_times)
-   to the end it had at start: the windows (windows.py). Nothing is judged until then,
-   so a restart mid-window sees the same windows as before and raises no duplicate.
+   to the end it had at start: the windows (windows.py). Its offsets are asked first,
+   waiting out a broker that settles (`kafka.settled`: a topic created a moment before).
+   Nothing is judged until then, so a restart mid-window sees the same windows as before
+   and raises no duplicate.
 Then, live: every second the jobs with news (and every job every ten seconds) are judged;
 every `analytics_queue_window_seconds` the work queues' depths are sampled (queues.py).
 
@@ -21,7 +23,8 @@ changes state here, so a crash in between repeats it at most once, with the same
 
 Garbage: the monitor dead-letters undecodable `execution-events` and the scheduler
 undecodable `job-definitions`; this service, which replays the log at every start, would
-only copy them again. It logs them (`action=record_skipped`) and goes on.
+only copy them again. It reads through the shared inbound path with the SKIP policy
+(`shared/inbound.py`): it logs them (`action=record_skipped`) and goes on.
 
 Why one module of this size: the consume loop and the windows it feeds share one state;
 the judgements are pure modules (windows.py, ledger.py, queues.py, episodes.py).
@@ -37,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.analytics.episodes import (
     ANALYTICS_KINDS,
@@ -54,12 +57,13 @@ from cronstream.services.analytics.windows import (
     success_rate_low,
 )
 from cronstream.shared import metrics
-from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.codec import decode_key
 from cronstream.shared.health import Health
+from cronstream.shared.inbound import SKIP, Batch, Inbound
 from cronstream.shared.kafka import (
     ConsumerThread,
     OutRecord,
-    log_consumer_error,
+    offsets_since,
     position,
     producer_config,
     read_to_end,
@@ -109,6 +113,7 @@ class AnalyticsService:
         self.health.require("replay")
         self.defaults = Thresholds.of(settings, None)
         self.lookback = max(settings.analytics_lookback_seconds, settings.analytics_window_seconds)
+        self.inbound = Inbound(SERVICE, self.topics, SKIP)
         self.episodes = Episodes()
         self.windows: dict[str, JobWindow] = {}
         self.thresholds: dict[str, Thresholds] = {}
@@ -140,25 +145,15 @@ class AnalyticsService:
     async def _start(self, reader: ConsumerThread) -> dict[tuple[str, int], int]:
         """Steps 1-2, then the assignment of step 3; returns the replay's ends."""
         t = self.topics
-        events = await reader.call(lambda: reader.consumer.list_topics(t.execution_events, timeout=10))
-        found = events.topics.get(t.execution_events)
-        if found is None or found.error is not None or not found.partitions:
-            raise RuntimeError(f"topic {t.execution_events} does not exist: run `cronstream init`")
-        partitions = sorted(found.partitions)
+        # Where the replay starts and ends (it may end later than this: what comes in
+        # meanwhile is read live). First, so that a missing topic is said at once.
+        since_ms = int((time.time() - self.lookback) * 1000)
+        starts, ends = await offsets_since(reader, t.execution_events, since_ms)
         await read_to_end(reader, [TopicPartition(t.alerts, 0)], self._restore)
         opened = len(self.episodes.open)
         compacted = [TopicPartition(t.job_definitions, 0), TopicPartition(t.scheduler_state, 0)]
         await read_to_end(reader, compacted, self._apply)
         positions = await reader.call(reader.consumer.position, compacted)
-        since_ms = int((time.time() - self.lookback) * 1000)
-        wanted = [TopicPartition(t.execution_events, p, since_ms) for p in partitions]
-        starts = await reader.call(reader.consumer.offsets_for_times, wanted, 10.0)
-        ends: dict[tuple[str, int], int] = {}
-        for tp in starts:
-            _low, high = await reader.call(reader.consumer.get_watermark_offsets, tp, 10.0, False)
-            ends[(tp.topic, tp.partition)] = high
-            if tp.offset < 0:  # nothing as recent as since_ms: start at the end
-                tp.offset = high
         await reader.call(reader.consumer.assign, [
             *[TopicPartition(p.topic, p.partition, p.offset if p.offset >= 0 else -2) for p in positions],
             *starts])
@@ -205,31 +200,27 @@ class AnalyticsService:
     # -- input ---------------------------------------------------------------------------
 
     def _restore(self, messages: list[Message]) -> None:
-        for msg in messages:
-            try:
-                self.episodes.restore(decode(Alert, msg.value()))
-            except DecodeError as exc:
-                self._skipped(msg, str(exc))
+        batch = self.inbound.batch(messages)
+        for msg in batch.records:
+            alert = batch.decode(Alert, msg)
+            if alert is not None:
+                self.episodes.restore(alert)
 
     def _apply(self, messages: list[Message]) -> None:
         t = self.topics
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log_consumer_error(SERVICE, err)
-                continue
+        batch = self.inbound.batch(messages)
+        for msg in batch.records:
             topic = msg.topic()
-            try:
-                if topic == t.execution_events:
-                    self._event(decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id"))
-                elif topic == t.job_definitions:
-                    self._definition(msg)
-                elif topic == t.scheduler_state:
-                    state = decode(SchedulerState, msg.value(), key=msg.key(), key_field="job_id")
+            if topic == t.execution_events:
+                event = batch.decode(ExecutionEvent, msg, key_field="job_id")
+                if event is not None:
+                    self._event(event)
+            elif topic == t.job_definitions:
+                self._definition(batch, msg)
+            elif topic == t.scheduler_state:
+                state = batch.decode(SchedulerState, msg, key_field="job_id")
+                if state is not None:
                     self.ledger.scheduler_state(state.job_id, state.next_fire_ms, state.last_fire_ms)
-            except DecodeError as exc:
-                self._skipped(msg, str(exc))
 
     def _event(self, event: ExecutionEvent) -> None:
         metrics.ANALYTICS_EVENTS.inc()
@@ -247,30 +238,25 @@ class AnalyticsService:
             window.add(event.execution_id, event.status, finished.timestamp(), duration)
             self._dirty.add(event.job_id)
 
-    def _definition(self, msg: Message) -> None:
-        job_id = decode_key(msg.key())
+    def _definition(self, batch: Batch, msg: Message) -> None:
+        job_id = batch.read(lambda _value, key: decode_key(key), msg)
+        if job_id is None:
+            return
         observed = record_time_ms(msg)
         if msg.value() is None:
             self.thresholds.pop(job_id, None)
             self.ledger.definition(job_id, None, valid=True, observed_ms=observed)
             self._dirty.add(job_id)
             return
-        try:
-            definition = decode(JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-        except DecodeError as exc:
+        definition = batch.decode(JobDefinition, msg, key_field="job_id")
+        if definition is None:
             self.ledger.definition(job_id, None, valid=False, observed_ms=observed)
-            self._skipped(msg, str(exc))
             return
         th = self.thresholds[job_id] = Thresholds.of(self.settings, definition.alerts)
         self.ledger.definition(job_id, definition, valid=True, observed_ms=observed,
                                late_after_s=th.late_after_seconds,
                                finish_within_s=th.finish_within_seconds)
         self._dirty.add(job_id)
-
-    @staticmethod
-    def _skipped(msg: Message, reason: str) -> None:
-        log(logger, "record_skipped", logging.WARNING, topic=msg.topic(), partition=msg.partition(),
-            offset=msg.offset(), reason=reason[:300])
 
     # -- judging -------------------------------------------------------------------------
 
@@ -353,7 +339,7 @@ class AnalyticsService:
         evidence: dict[str, Any] = {
             "late_after_seconds": th.late_after_seconds, "late_starts": len(status.starts),
             "late_finishes": len(status.finishes), "reasons": reasons,
-            "missed_by_reason": dict(self.ledger.outcomes)}
+            "missed_by_reason": {k: n for k, n in status.history.items() if k != "on_time"}}
         if transition.state == "RESOLVED":
             return self._alert(transition, now_ms, job_id=job_id, evidence=evidence,
                                summary=f"{job_id}: fires on time again")

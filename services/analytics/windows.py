@@ -3,9 +3,11 @@
 A job's window is fed with the terminal events of its executions (in log order: one job
 lives on one partition) and asked, at a given instant, two questions:
 
-- success rate: of the executions that finished (COMPLETED, FAILED, TIMED_OUT,
-  PERMANENTLY_FAILED; CANCELLED and SKIPPED are decisions, not outcomes) within the last
-  `window_seconds`, how many COMPLETED. Judged only from `min_runs` finished runs on.
+- success rate, per run: of the runs that ended within the last `window_seconds` —
+  their last attempt COMPLETED or PERMANENTLY_FAILED (`statuses.RUN_OUTCOMES`) — how many
+  COMPLETED. A failed attempt with a retry to come is not counted, so a first try that
+  fails and a retry that succeeds is one success; CANCELLED and SKIPPED are decisions,
+  not outcomes (docs/decisions/0053). Judged only from `min_runs` ended runs on.
 - duration regression: the p95 duration of the last `recent_runs` COMPLETED executions
   against the p95 of up to `baseline_runs` before them. The baseline follows the job, so
   a duration that stays high becomes the new normal and the episode resolves by itself.
@@ -23,8 +25,8 @@ from uuid import UUID
 
 from cronstream.shared.records import JobAlerts
 from cronstream.shared.settings import Settings
+from cronstream.shared.statuses import RUN_OUTCOMES, SUCCESS
 
-OUTCOMES = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "PERMANENTLY_FAILED"})
 # Bound on the finished executions one job keeps (a job firing 100 times a second over a
 # one-hour window would otherwise hold 360,000 entries).
 MAX_FINISHED = 20_000
@@ -103,10 +105,10 @@ class JobWindow:
         self._durations: deque[float] = deque(maxlen=duration_samples)
 
     def add(self, execution_id: UUID, status: str, finished_at: float, duration: float | None) -> None:
-        if status not in OUTCOMES or execution_id in self._ids:
+        if status not in RUN_OUTCOMES or execution_id in self._ids:
             return
         self._ids.add(execution_id)
-        self._finished.append((finished_at, status == "COMPLETED", execution_id))
+        self._finished.append((finished_at, status in SUCCESS, execution_id))
         if len(self._finished) > MAX_FINISHED:
             self._ids.discard(self._finished.popleft()[2])
         if status == "COMPLETED" and duration is not None and duration >= 0:

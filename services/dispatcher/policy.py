@@ -31,8 +31,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from cronstream.shared.fast_records import DueRecord, FastSnapshot
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.records import ExecutionEvent, JobSnapshot, UtcDatetime, UtcModel
-from cronstream.shared.retry import retry_execution_id
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
 Decision = Literal["QUEUE", "SKIP", "REPLACE"]

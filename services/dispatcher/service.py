@@ -22,17 +22,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
-from cronstream.services.dispatcher.policy import ActiveExecution, PolicyState
+from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.fast_records import DueRecord, as_model, decode_due
 from cronstream.shared.health import Health
-from cronstream.shared.ids import fast_uuid7, new_event_id
+from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
@@ -56,6 +57,7 @@ from cronstream.shared.records import (
     render_event,
 )
 from cronstream.shared.settings import Settings
+from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import Hop, messaging, new_headers, recording
 
 logger = logging.getLogger(__name__)
@@ -291,17 +293,13 @@ class DispatcherService:
         self.policy.queued(due, position(msg)[1])
         return records
 
-    def _event(self, due: DueRecord | ActiveExecution, hop: Hop, status: ExecutionStatus,
-               job_id: str | None = None, **fields: object) -> OutRecord:
-        job = job_id or due.job_id  # type: ignore[union-attr]
-        terminal = status in ("SKIPPED", "CANCELLED")
-        event = ExecutionEvent(
-            event_id=new_event_id(), execution_id=due.execution_id, job_id=job, run_id=due.run_id,
-            status=status, attempt_number=due.attempt_number, scheduled_at=due.scheduled_at,
-            occurred_at=now_utc(), delivery=due.delivery,
-            completed_at=now_utc() if terminal else None, **fields,  # type: ignore[arg-type]
-        )
-        return OutRecord(self.topics.execution_events, job.encode(), event.to_json(), hop.headers)
+    def _event(self, due: DueRecord, hop: Hop, status: ExecutionStatus, **fields: Any) -> OutRecord:
+        """An event of `due`'s execution (ExecutionEvent.for_due); a terminal one completes it now."""
+        now = now_utc()
+        if status in TERMINAL:
+            fields.setdefault("completed_at", now)
+        event = ExecutionEvent.for_due(due, status, occurred_at=now, **fields)
+        return OutRecord(self.topics.execution_events, due.job_id.encode(), event.to_json(), hop.headers)
 
     def _queue(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
         key = due.job_id.encode()

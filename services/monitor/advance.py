@@ -27,10 +27,11 @@ from cronstream.services.monitor.projection import ExecutionPatch
 from cronstream.services.monitor.upstream import decided_view, step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.db import query
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import Command, ExecutionEvent, JobDefinition, now_utc
-from cronstream.shared.retry import attempts_left, retry_execution_id
+from cronstream.shared.retry import attempts_left
 from cronstream.shared.telemetry import Headers, Hop, attached, new_headers, recording
 
 logger = logging.getLogger(__name__)
@@ -142,16 +143,14 @@ class Decisions:
         Drop the timer and end the attempt CANCELLED. (Had the retry fired already, its
         worker skips it on the same command.)"""
         for row in await conn.fetch(query("retryable_failures"), job_id):
-            attempt = row["attempt_number"] + 1
-            if retry_execution_id(job_id, row["run_id"], attempt) != command.execution_id:
+            if retry_execution_id(job_id, row["run_id"], row["attempt_number"] + 1) != command.execution_id:
                 continue
-            parent = self.outbound.due_of({**row, "job_id": job_id, "scheduled_at": now_utc(),
+            now = now_utc()
+            parent = self.outbound.due_of({**row, "job_id": job_id, "scheduled_at": now,
                                            "delivery": 1, "idempotency_key": None})
             if not attempts_left(parent):
                 return []
-            retry = parent.model_copy(update={"execution_id": command.execution_id,
-                                              "attempt_number": attempt, "reason": "RETRY"})
-            now = now_utc()
+            retry = parent.next_attempt(now)
             log(logger, "pending_retry_cancelled", job_id=job_id,
                 execution_id=str(command.execution_id), issued_by=command.issued_by)
             headers = new_headers()

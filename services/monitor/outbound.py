@@ -14,7 +14,7 @@ from uuid import UUID, uuid5
 
 from opentelemetry.trace import SpanKind
 
-from cronstream.shared.ids import NAMESPACE, requeue_idempotency_key, step_idempotency_key
+from cronstream.shared.ids import NAMESPACE, requeue_idempotency_key
 from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import (
@@ -71,11 +71,10 @@ class Outbound:
         headers = headers_of(span)
         span.end()
         now = to_millis(now_utc())
-        snapshot = JobSnapshot.of(definition, definition_offset)
-        key = step_idempotency_key(definition.job_id, run_id, snapshot.params)
-        due = JobDue(execution_id=step, job_id=definition.job_id, run_id=run_id, scheduled_at=now,
-                     attempt_number=1, reason="DEPENDENCY", idempotency_key=key, job=snapshot,
-                     upstream=upstream)
+        due = JobDue.step(definition, run_id, now, definition_offset=definition_offset,
+                          upstream=upstream)
+        assert due.execution_id == step, "the evaluation claimed the step's own id"
+        snapshot, key = due.job, due.idempotency_key
         if decision == "RUN":
             return self.due(due, headers)
         status: ExecutionStatus = "SKIPPED" if decision == "SKIP" else "AWAITING_APPROVAL"
@@ -89,7 +88,8 @@ class Outbound:
     @staticmethod
     def due_of(row: Any, **changes: Any) -> JobDue:
         """The JobDue of an execution as projected (from its QUEUED event's snapshot, or
-        the job's current definition for executions projected before snapshots existed)."""
+        the job's current definition for executions projected before snapshots existed):
+        a stored one restored from its columns, like a decoded record, not a new one."""
         raw = row["job"]
         job = JobSnapshot.of(JobDefinition.model_validate_json(raw)) if row.get("from_definition") \
             else JobSnapshot.model_validate_json(raw)
@@ -108,7 +108,7 @@ class Outbound:
         """REQUEUED and the JobDue of the next delivery: the execution runs again elsewhere
         (same execution_id and trace, and a DAG step's same `upstream`; events of the older
         delivery are stale from now on)."""
-        due = self.due_of(row, reason="REQUEUE", delivery=row["delivery"] + 1, upstream=upstream)
+        due = self.due_of(row, upstream=upstream).next_delivery()
         hop = self.continued("cronstream.requeue", row, due)
         log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
             delivery=due.delivery, reason=why, worker_id=row["worker_id"],

@@ -14,6 +14,7 @@ Worked example, one batch for execution E (delivery d):
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
@@ -22,7 +23,7 @@ from uuid import UUID
 
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.records import Alert, Heartbeat
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import EVENTS_ONLY, TERMINAL
 from cronstream.shared.telemetry import trace_id
 
 
@@ -117,7 +118,7 @@ class ExecutionPatch:
             self.error_message = event.error_message
         if event.result is not None:
             self.result = json.dumps(event.result, separators=(",", ":"))
-        if status not in ("PROGRESS", "REQUEUED") and event.progress is not None:
+        if status not in EVENTS_ONLY and event.progress is not None:
             self.progress = event.progress
         self.approved_by = event.approved_by or self.approved_by
         self.rejected_by = event.rejected_by or self.rejected_by
@@ -125,7 +126,7 @@ class ExecutionPatch:
         self.triggered_by = event.triggered_by or self.triggered_by
 
 
-def fold(events: list[EventRecord], traces: dict[UUID, str] | None = None
+def fold(events: Sequence[EventRecord], traces: dict[UUID, str] | None = None
          ) -> dict[UUID, ExecutionPatch]:
     """One patch per execution; `traces` (event_id -> traceparent) gives each patch the
     trace context of its latest accepted event."""

@@ -18,7 +18,7 @@ Outages: PostgreSQL or Kafka going away is waited out with backoff — the monit
 alive and reports itself not ready; the batch in hand is written once the database is
 back. Decoding batch n+1 overlaps with writing batch n; writes stay in order.
 
-Why one module of this size (~400 lines): the poll loop, the writer it feeds and the
+Why one module of this size: the poll loop, the writer it feeds and the
 resync after an outage share the batch queue and the epoch that orders them; every
 decision lives in the rooms above.
 """

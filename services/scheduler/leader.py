@@ -29,24 +29,24 @@ import time
 from typing import Any
 from uuid import UUID
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 from opentelemetry.trace import Span, Status, StatusCode
 
 from cronstream.services.scheduler.clock import Clock, FirePlan
 from cronstream.services.scheduler.outbound import LeaderRecords
 from cronstream.shared import metrics, telemetry
-from cronstream.shared.codec import DecodeError, decode, decode_key
-from cronstream.shared.inbound import dead_letter
+from cronstream.shared.codec import DecodeError, decode_key
+from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka import (
     OFFSET_BEGINNING,
     ConsumerThread,
     OutRecord,
-    log_consumer_error,
     position,
     producer_config,
     read_to_end,
     reader_config,
     record_time_ms,
+    settled,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.producers import ProducerFenced, TransactionalProducer
@@ -116,6 +116,9 @@ class Leader:
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
         self.out = LeaderRecords(self.topics, self.clock)
+        # Every record the leader reads, from job-definitions and retries, goes through the
+        # one inbound path: errors logged, bad records dead-lettered with its transactions.
+        self.inbound = Inbound(SERVICE, self.topics)
         self._fire_spans: list[Span] = []
         self._retries_reader: ConsumerThread | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -150,32 +153,26 @@ class Leader:
 
     # -- definitions, fed by the service's election loop ------------------------------
 
-    def feed(self, messages: list[Message]) -> None:
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    if self._loading:
-                        self._caught_up.set()
-                else:
-                    log_consumer_error("election", err)
-                continue
+    def feed(self, batch: Batch) -> None:
+        """The election consumer's batch, through the service's inbound path."""
+        if batch.ended and self._loading:
+            self._caught_up.set()
+        for msg in batch.records:
             if self._loading:
-                self._load_definition(msg)
+                self._load_definition(batch, msg)
             else:
                 self._pending_defs.append(msg)
+        self._pending_fixes += batch.dead
         if self._pending_defs:
             self._wake.set()
 
-    def _load_definition(self, msg: Message) -> None:
-        try:
-            job_id = decode_key(msg.key())
-        except DecodeError as exc:
-            if position(msg)[2] >= self._committed_offset:
-                self._pending_fixes.append(
-                    dead_letter(self.topics, msg, str(exc), SERVICE))
-            return
+    def _load_definition(self, batch: Batch, msg: Message) -> None:
         offset = position(msg)[2]
+        # Below the committed offset: dead-lettered (if need be) by an earlier leader.
+        job_id = batch.read(lambda _value, key: decode_key(key), msg,
+                            reject=offset >= self._committed_offset)
+        if job_id is None:
+            return
         self.clock.load_definition(job_id, msg.value(), offset, record_time_ms(msg))
         if offset >= self._committed_offset:
             self._unprocessed.append(msg)
@@ -219,7 +216,8 @@ class Leader:
             await state_reader.close()
 
         tp = TopicPartition(self.topics.job_definitions, 0)
-        committed = await self.election.call(self.election.consumer.committed, [tp], 10.0)
+        committed = await settled(lambda: self.election.call(self.election.consumer.committed, [tp], 10.0),
+                                  "committed offset of job-definitions")
         self._committed_offset = max(committed[0].offset, 0)
         # The election consumer paused partition 0 on assignment; replay starts now,
         # from the beginning (a later term of the same assignment must rewind).
@@ -235,21 +233,15 @@ class Leader:
             self._retries_reader, [TopicPartition(self.topics.retries, 0)],
             lambda msgs: retries.update({m.key() or b"": m for m in msgs}),
         )
-        for msg in retries.values():
-            if msg.value() is not None:
-                self._apply_retry(msg)
+        self._apply_retries(self.inbound.batch([m for m in retries.values() if m.value() is not None]))
 
-        records: list[OutRecord] = []
-        last_offset = -1
-        for msg in self._unprocessed:
-            last_offset = max(last_offset, position(msg)[2])
-            if msg.value() is None:
-                continue
-            try:
-                decode(JobDefinition, msg.value(), key=msg.key(), key_field="job_id")
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+        checked = self.inbound.batch(self._unprocessed)
+        last_offset = max((position(m)[2] for m in self._unprocessed), default=-1)
+        for msg in checked.records:
+            if msg.value() is not None:
+                checked.decode(JobDefinition, msg, key_field="job_id")
         self._unprocessed.clear()
+        records: list[OutRecord] = checked.dead
         records += [self.out.state(c) for c in self.clock.reconcile()]
         records += self.out.suspension_alerts()
         records += self._pending_fixes
@@ -277,24 +269,25 @@ class Leader:
 
     # -- retries --------------------------------------------------------------------
 
-    def _apply_retry(self, msg: Message) -> None:
-        try:
-            key = UUID(decode_key(msg.key()))
-        except (DecodeError, ValueError):
+    def _apply_retries(self, batch: Batch) -> None:
+        for msg in batch.records:
+            self._apply_retry(batch, msg)
+        self._pending_fixes += batch.dead
+
+    def _apply_retry(self, batch: Batch, msg: Message) -> None:
+        # A bad timer is dead-lettered and its key tombstoned, so no later leader sees it
+        # again (a tombstone under a bad key is nothing to fix).
+        key = batch.read(_execution_key, msg, reject=msg.value() is not None)
+        if key is None:
             if msg.value() is not None:
-                self._pending_fixes.append(
-                    dead_letter(self.topics, msg, "key is not an execution id", SERVICE))
                 self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         if msg.value() is None:
             self.clock.cancel_retry(key)
             self.out.retry_headers.pop(str(key), None)
             return
-        try:
-            request = decode(RetryRequest, msg.value(), key=msg.key(), key_field="execution_id")
-        except DecodeError as exc:
-            # Dead-letter it and tombstone the key, so no later leader sees it again.
-            self._pending_fixes.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+        request = batch.decode(RetryRequest, msg, key_field="execution_id")
+        if request is None:
             self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
             return
         self.clock.add_retry(request)
@@ -316,12 +309,7 @@ class Leader:
         assert self._retries_reader is not None
         while self._active:
             messages = await self._retries_reader.consume(1000, 0.1)
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    log_consumer_error("retries", err)
-                    continue
-                self._apply_retry(msg)
+            self._apply_retries(self.inbound.batch(messages))
             if messages:
                 self._wake.set()
 
@@ -357,7 +345,7 @@ class Leader:
             # Bounded: a bulk upload of definitions takes several short transactions.
             defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
             del self._pending_defs[:DEFINITIONS_PER_ROUND]
-            records = self.out.definitions(defs)
+            records = self.out.definitions(self.inbound.batch(defs))
             records += self._pending_fixes
             self._pending_fixes = []
             offsets = None
@@ -407,4 +395,12 @@ class Leader:
 
     def _group_metadata(self) -> Any:
         return self.election.consumer.consumer_group_metadata()
+
+
+def _execution_key(_value: bytes | None, key: bytes | None) -> UUID:
+    """A `retries` record's key: the execution id of the attempt it times."""
+    try:
+        return UUID(decode_key(key))
+    except ValueError:
+        raise DecodeError("key is not an execution id") from None
 

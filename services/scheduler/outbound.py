@@ -5,6 +5,7 @@ alerts of suspended jobs. Pure: the leader commits what these return."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from uuid import uuid5
 
 from confluent_kafka import Message
@@ -12,9 +13,9 @@ from opentelemetry.trace import Span
 
 from cronstream.services.scheduler.clock import Clock, FirePlan, StateChange
 from cronstream.shared import metrics, telemetry
-from cronstream.shared.codec import DecodeError, decode, decode_key
+from cronstream.shared.codec import decode_key
 from cronstream.shared.ids import NAMESPACE
-from cronstream.shared.inbound import dead_letter
+from cronstream.shared.inbound import Batch
 from cronstream.shared.kafka import OutRecord, position, record_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.records import Alert, JobDefinition, now_utc
@@ -63,39 +64,38 @@ class LeaderRecords:
                               self.retry_headers.get(str(k))) for k in plan.fired_retries]
         return records
 
-    def definitions(self, msgs: list[Message]) -> list[OutRecord]:
+    def definitions(self, batch: Batch) -> list[OutRecord]:
+        """What the batch's definitions turn into, its dead letters included; whatever
+        applying one raises dead-letters that one (one record never stops the leader)."""
+        msgs = batch.records
         records: list[OutRecord] = []
+
+        def apply(msg: Message) -> None:
+            records.extend(self.definition(batch, msg, len(msgs) > 10))
+
         for msg in msgs:
-            try:
-                records += self.definition(msg, len(msgs) > 10)
-            except Exception as exc:  # one record never stops the leader
-                records.append(dead_letter(self.topics, msg, f"{type(exc).__name__}: {exc}", SERVICE))
+            batch.apply(msg, partial(apply, msg), "applying the definition")
         if len(msgs) > 10:
             log(logger, "definitions_applied", count=len(msgs), last_offset=msgs[-1].offset())
-        return records
+        return records + batch.dead
 
-    def definition(self, msg: Message, quiet: bool) -> list[OutRecord]:
-        """The records one definition turns into: its state, or a dead letter (an invalid
-        definition suspends its job until a valid one replaces it)."""
-        records: list[OutRecord] = []
-        try:
-            job_id = decode_key(msg.key())
-        except DecodeError as exc:
-            return [dead_letter(self.topics, msg, str(exc), SERVICE)]
+    def definition(self, batch: Batch, msg: Message, quiet: bool) -> list[OutRecord]:
+        """The records one definition turns into: its state (an invalid definition, which
+        `batch` dead-letters, suspends its job until a valid one replaces it)."""
+        job_id = batch.read(lambda _value, key: decode_key(key), msg)
+        if job_id is None:
+            return []
         value = msg.value()
         definition = None
         if value is not None:
-            try:
-                definition = decode(JobDefinition, value, key=msg.key(), key_field="job_id")
-                problem = self.clock.dag_problem(definition)
-                if problem is not None:
-                    definition = None
-                    raise DecodeError(f"invalid DAG: {problem}")
-            except DecodeError as exc:
-                records.append(dead_letter(self.topics, msg, str(exc), SERVICE))
+            definition = batch.decode(JobDefinition, msg, key_field="job_id")
+            problem = None if definition is None else self.clock.dag_problem(definition)
+            if problem is not None:
+                definition = None
+                batch.reject(msg, f"invalid DAG: {problem}")
         change = self.clock.apply_definition(
             job_id, definition, value, position(msg)[2], record_time_ms(msg))
-        records.append(self.state(change))
+        records = [self.state(change)]
         log(logger, "definition_applied" if value is not None else "definition_deleted",
             logging.DEBUG if quiet else logging.INFO,
             job_id=job_id, offset=msg.offset(), valid=definition is not None or value is None,

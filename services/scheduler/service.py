@@ -17,11 +17,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cronstream.services.scheduler.leader import Leader
 from cronstream.shared.health import Health
+from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka import (
     END_FETCH_WAIT_MS,
     ConsumerThread,
     consumer_config,
-    log_consumer_error,
 )
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -46,6 +46,7 @@ class SchedulerService:
         self._retry_after = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._election: ConsumerThread | None = None
+        self.inbound = Inbound(self.name, self.topics)
 
     async def run(self, stopping: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
@@ -73,15 +74,10 @@ class SchedulerService:
         log(logger, "scheduler_standby", instance=self.instance)
         try:
             while not stopping.is_set():
-                messages = await election.consume(5000, 0.05)
+                batch = self.inbound.batch(await election.consume(5000, 0.05))
                 await self._follow_leadership()
                 if self.leader is not None:
-                    self.leader.feed(messages)
-                else:
-                    for msg in messages:
-                        err = msg.error()
-                        if err is not None:
-                            log_consumer_error("election", err)
+                    self.leader.feed(batch)  # a standby reads nothing but errors (logged)
         finally:
             await self._stop_leader("shutdown")
             await election.close()

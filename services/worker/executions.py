@@ -140,7 +140,7 @@ class Reporter:
     def requeued(self, run: Running, why: str) -> list[OutRecord]:
         """REQUEUED and the JobDue of the next delivery, for an execution this worker
         gives up on without an outcome (drain): it runs again elsewhere, never fails."""
-        due = as_model(run.due).model_copy(update={"reason": "REQUEUE", "delivery": run.due.delivery + 1})
+        due = as_model(run.due).next_delivery()
         log(logger, "execution_requeued", job_id=due.job_id, execution_id=str(due.execution_id),
             delivery=due.delivery, reason=why)
         return [

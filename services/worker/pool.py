@@ -35,6 +35,7 @@ from cronstream.services.worker.runner import CancelSignal, LinesFn, Outcome, Pr
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.logs import log
+from cronstream.shared.statuses import Status
 from cronstream.shared.telemetry import Headers
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class Child:
 
 def _outcome(message: list[Any], cancelled: bool) -> Outcome:
     _, status, result, error, traceback = message
-    if cancelled and status in ("COMPLETED", "FAILED"):
+    if cancelled and status in (Status.COMPLETED, Status.FAILED):
         status = "CANCELLED"
     return Outcome(status, result=result,
                    error=error or ("cancelled" if status == "CANCELLED" else None),

@@ -18,6 +18,7 @@ from cronstream.services.worker.capture import Line, format_traceback
 from cronstream.shared.fast_records import DueRecord, FastUpstream
 from cronstream.shared.records import MAX_RESULT_BYTES
 from cronstream.shared.records import Upstream as UpstreamRecord
+from cronstream.shared.statuses import RETRYABLE
 
 OutcomeStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED"]
 ProgressFn = Callable[[float, str | None], None]
@@ -33,7 +34,7 @@ class Outcome:
 
     @property
     def retryable(self) -> bool:
-        return self.status in ("FAILED", "TIMED_OUT")
+        return self.status in RETRYABLE
 
 
 class CancelSignal:

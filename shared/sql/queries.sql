@@ -217,26 +217,6 @@ WHERE ($1::text IS NULL OR job_id = $1)
 ORDER BY scheduled_at DESC, job_id
 LIMIT $2;
 
--- name: jobs_overview
-SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
-                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                                  array_to_string(d.depends_on, ',')) AS schedule,
-       d.enabled, d.next_execution_at,
-       last.status AS last_status, last.scheduled_at AS last_scheduled_at,
-       stats.total, stats.succeeded
-FROM job_definitions d
-LEFT JOIN LATERAL (
-    SELECT status, scheduled_at FROM job_executions e
-    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                              'PERMANENTLY_FAILED')) AS total,
-           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
-    FROM job_executions e
-    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
-WHERE d.deleted_at IS NULL
-ORDER BY d.job_id;
-
 -- name: workers_overview
 SELECT worker_id, hostname, status, last_heartbeat, cardinality(running) AS running, capacity,
        queues
@@ -521,25 +501,10 @@ SELECT downstream_job_id FROM job_dependencies WHERE upstream_job_id = $1
 ORDER BY downstream_job_id;
 
 -- name: jobs_list
-SELECT d.job_id, d.type, COALESCE(d.schedule, d.interval_seconds::text || 's',
-                                  to_char(d.run_at, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                                  array_to_string(d.depends_on, ',')) AS schedule,
-       d.timezone, d.handler, d.queue, d.priority, d.enabled, d.next_execution_at,
-       last.status AS last_status, last.scheduled_at AS last_scheduled_at,
-       COALESCE(stats.total, 0) AS total, COALESCE(stats.succeeded, 0) AS succeeded,
-       d.updated_at
-FROM job_definitions d
-LEFT JOIN LATERAL (
-    SELECT status, scheduled_at FROM job_executions e
-    WHERE e.job_id = d.job_id ORDER BY scheduled_at DESC LIMIT 1) last ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                              'PERMANENTLY_FAILED')) AS total,
-           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
-    FROM job_executions e
-    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
-WHERE d.deleted_at IS NULL
-ORDER BY d.job_id;
+SELECT job_id, type, schedule_text AS schedule, timezone, handler, queue, priority, enabled,
+       next_execution_at, last_status, last_scheduled_at, finished_24h, succeeded_24h, updated_at
+FROM job_overview
+ORDER BY job_id;
 
 -- name: alerts_list
 SELECT alert_id, kind, severity, state, job_id, queue, execution_id, run_id, summary,

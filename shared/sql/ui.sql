@@ -29,25 +29,19 @@ SELECT (SELECT count(*) FROM scanned) AS scanned,
 
 -- name: jobs_rows
 -- One Jobs page: each job's last 20 runs (the sparkline; the last one is its last
--- status) and its 24 h success rate, through the (job_id, scheduled_at) index.
-SELECT d.job_id, d.name, d.type, d.schedule, d.interval_seconds, d.run_at, d.timezone,
-       d.depends_on, d.queue, d.priority, d.enabled, d.next_execution_at, d.handler,
-       recent.statuses, recent.durations, stats.finished, stats.succeeded
-FROM job_definitions d
+-- status) and its 24 h success rate (job_overview), through the (job_id, scheduled_at) index.
+SELECT o.job_id, o.name, o.type, o.schedule, o.interval_seconds, o.run_at, o.timezone,
+       o.depends_on, o.queue, o.priority, o.enabled, o.next_execution_at, o.handler,
+       recent.statuses, recent.durations, o.finished_24h AS finished, o.succeeded_24h AS succeeded
+FROM job_overview o
 LEFT JOIN LATERAL (
     SELECT array_agg(r.status ORDER BY r.scheduled_at) AS statuses,
            array_agg(extract(epoch FROM r.completed_at - r.started_at)::float8
                      ORDER BY r.scheduled_at) AS durations
     FROM (SELECT status, scheduled_at, started_at, completed_at FROM job_executions e
-          WHERE e.job_id = d.job_id ORDER BY e.scheduled_at DESC LIMIT 20) r) recent ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'TIMED_OUT',
-                                              'PERMANENTLY_FAILED')) AS finished,
-           count(*) FILTER (WHERE status = 'COMPLETED') AS succeeded
-    FROM job_executions e
-    WHERE e.job_id = d.job_id AND e.scheduled_at > now() - interval '24 hours') stats ON true
-WHERE d.job_id = ANY($1::text[])
-ORDER BY d.job_id;
+          WHERE e.job_id = o.job_id ORDER BY e.scheduled_at DESC LIMIT 20) r) recent ON true
+WHERE o.job_id = ANY($1::text[])
+ORDER BY o.job_id;
 
 -- name: jobs_count
 SELECT count(*) AS n FROM job_definitions WHERE deleted_at IS NULL;
@@ -273,7 +267,7 @@ SELECT job_id,
        min(COALESCE(started_at, scheduled_at)) AS first_start,
        max(COALESCE(completed_at, now())) AS last_end,
        bool_or(status IN ('FAILED', 'TIMED_OUT', 'PERMANENTLY_FAILED')) AS failed,
-       bool_or(status IN ('RUNNING', 'QUEUED')) AS active
+       bool_or(status IN ('QUEUED', 'RUNNING', 'AWAITING_APPROVAL')) AS active
 FROM job_executions
 WHERE job_id = ANY($1::text[]) AND scheduled_at >= $2 AND scheduled_at < $3
 GROUP BY job_id, bucket;

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Dialog, Error, Page, sync_playwright
 
 from tests.conftest import CI, Processes
 from tests.support import ServiceProcess, sql
@@ -84,8 +84,16 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     opened = context.new_page()
     errors: list[str] = []
-    opened.on("pageerror", lambda exc: errors.append(str(exc)))
-    opened.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}") or dialog.dismiss())
+
+    def page_error(exc: Error) -> None:
+        errors.append(str(exc))
+
+    def dialog(shown: Dialog) -> None:
+        errors.append(f"dialog: {shown.message}")
+        shown.dismiss()
+
+    opened.on("pageerror", page_error)
+    opened.on("dialog", dialog)
     yield opened
     context.close()
     assert not errors, f"script errors or dialogs in the page: {errors}"

@@ -45,6 +45,9 @@ WORKER_CONCURRENCY = 32
 # Recovery targets (issue 9, "Done when").
 RESTART_TARGET_SECONDS = 10.0
 WORKER_DEATH_TARGET_SECONDS = DEAD_AFTER_SECONDS + 5.0
+# SPEC §9: a dead worker's executions are re-queued within dead_after + 2 s (the first
+# completion after its death, above, also waits for a dispatch and a run).
+REQUEUE_TARGET_SECONDS = DEAD_AFTER_SECONDS + 2.0
 # A node that dies and stays down keeps leading its partitions (job-due, the transaction
 # and group coordinators among them) until the controller fences it: Kafka's
 # broker.session.timeout.ms, 9 s by default (the chaos cluster sets 3 s, and 3 s of
@@ -287,6 +290,33 @@ class ChaosRun:
             for path in self.supervisor.all_logs(name)[-2:]:
                 tail = "\n".join(path.read_text(errors="replace").splitlines()[-25:])
                 print(f"\n----- {path.name} -----\n{tail[-6000:]}")
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """What a killed worker ran when it died, and how much of it was re-queued, how soon."""
+
+    worker: str
+    running: int
+    requeued: int
+    seconds: float | None
+
+
+def worker_kill_problems(kills: int, inside: int, requeues: list[Requeue]) -> list[str]:
+    """What the worker-kill test holds a run to, beyond the ledger: at least one kill made
+    inside an open transaction (what the test exists for), and every execution of a killed
+    worker re-queued, within SPEC's dead_after + 2 s."""
+    problems = []
+    if inside == 0:
+        problems.append(f"none of the {kills} kills was caught inside an open transaction")
+    for r in requeues:
+        if r.requeued < r.running:
+            problems.append(f"{r.worker} was running {r.running} executions when it died; "
+                            f"{r.running - r.requeued} were never re-queued")
+        if r.seconds is not None and r.seconds > REQUEUE_TARGET_SECONDS:
+            problems.append(f"{r.worker}'s executions re-queued {r.seconds:.1f}s after its death, "
+                            f"target dead_after + 2 = {REQUEUE_TARGET_SECONDS:.0f}s (SPEC §9)")
+    return problems
 
 
 def _last_error(exit_: Exit) -> str | None:

@@ -29,7 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_PORT = re.compile(rb"action=http_serving .*?port=(\d+)")
+from cronstream.shared.health import serving_port
+
 # A clear error line: an ERROR logged through shared/logs.py with a stable action key.
 _ERROR_LINE = re.compile(r"^ts=\S+ level=error service=\S+ action=\S+", re.MULTILINE)
 
@@ -295,10 +296,9 @@ class Supervisor:
     def _port(service: _Service) -> int | None:
         try:
             with open(service.log_path, "rb") as log:
-                match = _PORT.search(log.read(200_000))
+                return serving_port(log.read(200_000).decode(errors="replace"))
         except OSError:
             return None
-        return int(match[1]) if match else None
 
 
 def _http_get(port: int, path: str, timeout: float) -> tuple[int, str]:

@@ -258,8 +258,15 @@ def check_ui(cluster: Cluster, pods: dict[str, Pod], database_url: str, token: s
     status, headers, _ = http_request(port, "/jobs")
     assert status == 303 and headers["location"].startswith("/login"), (status, headers)
     bearer = {"Authorization": f"Bearer {token}"}
-    status, _, page = http_request(port, "/jobs", headers=bearer)
-    assert status == 200 and "k8s-hello" in page, (status, page[-2000:])
+
+    def listed() -> bool:
+        # The monitor projects the definition in its own batch, which may come after the
+        # execution's (seen under load: the execution COMPLETED, the Jobs page still empty).
+        status, _, page = http_request(port, "/jobs", headers=bearer)
+        assert status == 200, (status, page[-2000:])
+        return "k8s-hello" in page
+
+    eventually(listed, timeout=30, message="/jobs listing k8s-hello")
 
     def triggered() -> str | None:
         status, _, body = http_request(port, "/jobs/k8s-hello/trigger", "POST", bearer)

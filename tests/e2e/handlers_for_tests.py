@@ -138,7 +138,8 @@ def chatty_fail(ctx: Context) -> None:
     subprocess.run(["echo", "from a child process"], check=True)
     logging.getLogger("tests.chatty").warning("retrying the lookup")
     try:
-        {}["region"]
+        empty: dict[str, str] = {}
+        empty["region"]
     except KeyError as exc:
         raise RuntimeError("lookup failed") from exc
 

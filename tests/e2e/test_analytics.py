@@ -11,7 +11,7 @@ from typing import Any
 from cronstream.shared.records import Alert
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, cli, eventually, produce_json, read_all, sql
+from tests.support import ServiceProcess, cli, eventually, produce_json, read_all, sql, value
 
 HANDLERS = ("--import", "tests.e2e.analytics_handlers")
 FAST = {
@@ -31,7 +31,7 @@ def start_analytics(processes: Processes, name: str = "analytics") -> ServicePro
 
 
 def alerts(settings: Settings, kind: str, subject: str | None = None) -> list[Alert]:
-    found = [Alert.model_validate_json(m.value()) for m in read_all(settings, settings.topics.alerts)]
+    found = [Alert.model_validate_json(value(m)) for m in read_all(settings, settings.topics.alerts)]
     return [a for a in found if a.kind == kind and subject in (None, a.job_id, a.queue)]
 
 

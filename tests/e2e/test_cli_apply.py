@@ -51,5 +51,5 @@ def test_apply_publishes_valid_definitions(topics: Settings, tmp_path: Path) -> 
                     "run_at: 2030-01-01T00:00:00Z\nhandler: noop\n")
     done = cli(topics, "apply", "-f", str(path))
     assert done.returncode == 0, done.stderr
-    keys = sorted(m.key() for m in read_all(topics, topics.topics.job_definitions))
+    keys = sorted(m.key() or b"" for m in read_all(topics, topics.topics.job_definitions))
     assert keys == [b"good-one", b"good-two"]

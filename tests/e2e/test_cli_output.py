@@ -15,7 +15,7 @@ import yaml
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import cli, env_for, eventually, produce_json, read_all
+from tests.support import cli, env_for, eventually, produce_json, read_all, value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def shell(settings: Settings, script: str, stdin: str | None = None) -> subproce
 
 
 def definitions_on_topic(settings: Settings) -> list[tuple[str, dict[str, object] | None]]:
-    return [(m.key().decode(), json.loads(m.value()) if m.value() else None)
+    return [((m.key() or b"").decode(), json.loads(value(m)) if m.value() else None)
             for m in read_all(settings, settings.topics.job_definitions)]
 
 

@@ -15,7 +15,7 @@ from cronstream import Client
 from cronstream.shared.inbound import DLQ_ERROR, DLQ_SERVICE, DLQ_TOPIC
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import env_for, eventually, header, produce_json, read_all, run_now, sql
+from tests.support import env_for, eventually, header, produce_json, read_all, run_now, sql, value
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -52,7 +52,7 @@ def test_subscribe_sees_every_event_of_a_run_once_across_a_restart(
         assert second.wait(30) == 0, log.read_text()
 
     received = [e["event_id"] for e in lines(out)]
-    published = [json.loads(m.value())["event_id"] for m in read_all(topics, topics.topics.execution_events)]
+    published = [json.loads(value(m))["event_id"] for m in read_all(topics, topics.topics.execution_events)]
     assert 0 < seen_by_first < len(received), "the restart happened mid-run"
     assert len(received) == len(set(received)), "no event twice"
     assert set(received) == set(published), "no event missed"
@@ -82,7 +82,7 @@ def test_newer_minor_records_flow_and_other_majors_are_dead_lettered(
     eventually(lambda: completed("newer") and completed("direct"), timeout=60,
                message="both newer-version records ran")
     # Passed through untouched: the work record and the projected definition keep them.
-    work = [json.loads(m.value()) for m in read_all(topics, t.work("normal", "default"))]
+    work = [json.loads(value(m)) for m in read_all(topics, t.work("normal", "default"))]
     direct = next(w for w in work if w["job_id"] == "direct")
     assert direct["tenant"] == "acme" and direct["job"]["memory_mb"] == 256
     (stored,) = sql(topics.database_url, "SELECT definition FROM job_definitions WHERE job_id = 'newer'")
@@ -90,7 +90,7 @@ def test_newer_minor_records_flow_and_other_majors_are_dead_lettered(
     # An older client that re-publishes the definition (pause) keeps the newer fields.
     with Client(topics) as client:
         client.pause("newer")
-    latest = [json.loads(m.value()) for m in read_all(topics, t.job_definitions) if m.key() == b"newer"][-1]
+    latest = [json.loads(value(m)) for m in read_all(topics, t.job_definitions) if m.key() == b"newer"][-1]
     assert (latest["enabled"], latest["labels"], latest["sla_seconds"]) == (False, {"team": "data"}, 30)
 
     # Another major version is dead-lettered with that reason, by the topic's owner.

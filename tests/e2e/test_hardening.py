@@ -11,6 +11,7 @@ import os
 import signal
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import cli, eventually, header, produce, produce_json, read_all, run_now, sql
+
+
+def first_row_in(settings: Settings, job_id: str, wanted: set[str]) -> Any:
+    """The job's first execution, once its status is one of `wanted` (else None)."""
+    found = rows(settings, job_id)
+    return found[0] if found and found[0]["status"] in wanted else None
 
 
 def rows(settings: Settings, job_id: str) -> list[Any]:
@@ -44,7 +51,7 @@ def test_poison_definitions_are_dead_lettered_and_the_leader_keeps_firing(
     produce_json(topics, t.job_definitions, "steady", {
         "job_id": "steady", "type": "INTERVAL", "interval_seconds": 1, "handler": "noop"})
     eventually(lambda: completed(topics, "steady") >= 1, 30, message="the steady job runs")
-    poison = {
+    poison: dict[str, dict[str, Any]] = {
         "nested": {"job_id": "nested", "type": "DEPENDENT", "depends_on": ["steady"],
                    "handler": "noop",
                    "condition": "(" * 300 + 'steady.status == "COMPLETED"' + ")" * 300},
@@ -89,9 +96,9 @@ def test_sigterm_to_the_worker_process_group_drains_like_sigterm_to_the_worker(
     os.killpg(worker.pid, signal.SIGTERM)  # systemd KillMode=control-group, an init, a terminal
     assert worker.proc.wait(40) == 0, worker.log()[-2000:]
     for i in range(3):
-        row = eventually(lambda i=i: (r := rows(topics, f"long-{i}")) and r[0]["status"] in (
-            "COMPLETED", "FAILED", "PERMANENTLY_FAILED", "QUEUED") and r[0], 30,
-            message="each execution drained")
+        row = eventually(partial(first_row_in, topics, f"long-{i}",
+                                 {"COMPLETED", "FAILED", "PERMANENTLY_FAILED", "QUEUED"}), 30,
+                         message="each execution drained")
         assert row["status"] == "COMPLETED", f"long-{i} ended {row['status']}: {row['error_message']}"
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from cronstream.shared.settings import Settings
@@ -115,9 +116,9 @@ def test_a_flood_is_cut_at_the_limit_while_the_rest_carries_on(
     for i in range(3):
         run_now(topics, f"steady-{i}", "test.print-lines", params={"lines": 2})
     for i in range(3):
-        row = eventually(lambda i=i: execution(topics, f"steady-{i}", "COMPLETED"), 60,
+        row = eventually(partial(execution, topics, f"steady-{i}", "COMPLETED"), 60,
                          message=f"steady-{i} COMPLETED")
-        eventually(lambda row=row: log_ended(topics, row["execution_id"]), 20)
+        eventually(partial(log_ended, topics, row["execution_id"]), 20)
         assert [line.split(" at ")[0] for line in
                 cli(topics, "logs", str(row["execution_id"])).stdout.splitlines()] == ["line 0", "line 1"]
     flood = eventually(lambda: execution(topics, "flood", "COMPLETED"), 60, message="the flood ends")

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import cli, eventually, read_all, run_now, sql
+from tests.support import cli, eventually, read_all, run_now, sql, value
 
 
 def attempts(settings: Settings, job_id: str) -> list[Any]:
     return sql(settings.database_url, "SELECT * FROM job_executions WHERE job_id = $1 "
                "ORDER BY attempt_number", job_id)
+
+
+def has_statuses(settings: Settings, job_id: str, wanted: list[str]) -> bool:
+    return statuses(settings, job_id) == wanted
 
 
 def statuses(settings: Settings, job_id: str) -> list[str]:
@@ -39,7 +44,7 @@ def test_backoff_doubles_with_jitter_and_retries_start_on_time(
         late = (following["started_at"] - following["scheduled_at"]).total_seconds()
         assert late < 0.75, f"retry started {late:.2f}s late"
     assert json.loads(rows[2]["result"]) == {"succeeded_on_attempt": 3}
-    dues = [json.loads(m.value()) for m in read_all(topics, topics.topics.job_due)]
+    dues = [json.loads(value(m)) for m in read_all(topics, topics.topics.job_due)]
     assert {d["idempotency_key"] for d in dues if d["job_id"] == "flaky"} == {dues[0]["idempotency_key"]}
     assert [d["reason"] for d in dues if d["job_id"] == "flaky"] == ["SCHEDULE", "RETRY", "RETRY"]
 
@@ -56,7 +61,7 @@ def test_always_failing_ends_permanently_failed_with_one_alert(
     assert last["error_message"] == "RuntimeError: boom"
     alerts = eventually(lambda: read_all(topics, topics.topics.alerts), 15, message="an alert")
     assert len(alerts) == 1
-    alert = json.loads(alerts[0].value())
+    alert = json.loads(value(alerts[0]))
     assert (alert["kind"], alert["job_id"], alert["execution_id"], alert["attempt_number"]) == (
         "EXECUTION_PERMANENTLY_FAILED", "doomed", str(last["execution_id"]), 3)
     assert "action=alert_raised" in services["monitor"].log()
@@ -76,7 +81,7 @@ def test_non_retryable_errors_are_not_retried(processes: Processes, topics: Sett
     run_now(topics, "bad-params", "sleep", params={"seconds": "soon"}, max_retries=3,
             retry_delay_seconds=0.2)
     for job_id in ("refused", "bad-params"):
-        eventually(lambda j=job_id: statuses(topics, j) == ["PERMANENTLY_FAILED"], 30,
+        eventually(partial(has_statuses, topics, job_id, ["PERMANENTLY_FAILED"]), 30,
                    message=f"{job_id} fails for good")
     run_now(topics, "marker", "noop")  # by the time this completes, a retry would have fired
     eventually(lambda: statuses(topics, "marker") == ["COMPLETED"], 30, message="marker")
@@ -103,4 +108,4 @@ def test_cancelling_a_failed_execution_cancels_its_pending_retry(
     assert [r["status"] for r in rows] == ["FAILED", "CANCELLED"]
     assert "pending retry cancelled" in rows[1]["error_message"]
     assert not [m for m in read_all(topics, topics.topics.job_due)
-                if json.loads(m.value())["attempt_number"] == 2]
+                if json.loads(value(m))["attempt_number"] == 2]

@@ -16,14 +16,14 @@ from typing import Any
 from cronstream.shared.records import JobDue, JobSnapshot, RetryRequest
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, cli, eventually, produce, produce_json, read_all
+from tests.support import ServiceProcess, cli, eventually, produce, produce_json, read_all, value
 
 
 def dues(settings: Settings, job_id: str | None = None) -> list[tuple[JobDue, int]]:
     """(JobDue, Kafka timestamp ms) of every committed record on job-due."""
     found = []
     for msg in read_all(settings, settings.topics.job_due):
-        due = JobDue.model_validate_json(msg.value())
+        due = JobDue.model_validate_json(value(msg))
         if job_id is None or due.job_id == job_id:
             found.append((due, msg.timestamp()[1]))
     return found

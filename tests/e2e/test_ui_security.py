@@ -13,7 +13,7 @@ import httpx
 
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import csrf_of, eventually, produce_json, read_all, sql, start_ui
+from tests.support import csrf_of, eventually, produce_json, read_all, sql, start_ui, value
 
 TOKEN = "s3cret-token-long-enough"
 YEARLY = "0 0 1 1 *"
@@ -93,9 +93,9 @@ def test_actions_without_credentials_or_csrf_are_refused_and_publish_nothing(
     after = published(topics)
     assert after == {"job-due": before["job-due"] + 1, "commands": before["commands"] + 1,
                      "job-definitions": before["job-definitions"] + 1}
-    definitions = [json.loads(m.value()) for m in read_all(topics, topics.topics.job_definitions)]
+    definitions = [json.loads(value(m)) for m in read_all(topics, topics.topics.job_definitions)]
     assert (definitions[-1]["enabled"], definitions[-1]["created_by"]) == (False, "carol")
-    command = json.loads(read_all(topics, topics.topics.commands)[-1].value())
+    command = json.loads(value(read_all(topics, topics.topics.commands)[-1]))
     assert (command["command"], command["issued_by"], command["reason"]) == ("REJECT", "api-token", "no")
 
 
@@ -117,5 +117,5 @@ def test_a_trusted_proxy_header_names_who_acts_and_reads_can_be_protected(
         approved = browser.post(base + f"/executions/{step}/approve",
                                 data={"csrf_token": token, "next": f"/executions/{step}"})
         assert approved.status_code == 303
-    command = json.loads(read_all(topics, topics.topics.commands)[-1].value())
+    command = json.loads(value(read_all(topics, topics.topics.commands)[-1]))
     assert (command["command"], command["issued_by"]) == ("APPROVE", "dana@example.com")

@@ -9,7 +9,7 @@ from datetime import timedelta
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import eventually, produce_json, read_all, sql
+from tests.support import eventually, headers, produce_json, read_all, sql, value
 
 SPEC_EVENT_FIELDS = {
     "event_id", "execution_id", "job_id", "run_id", "status", "attempt_number", "scheduled_at",
@@ -51,15 +51,15 @@ def test_interval_job_published_by_a_plain_producer_completes_on_its_grid(
     assert {"QUEUED", "RUNNING", "COMPLETED"} <= statuses
 
     on_topic = [m for m in read_all(settings, settings.topics.execution_events)
-                if json.loads(m.value())["execution_id"] == str(first)]
-    assert {json.loads(m.value())["status"] for m in on_topic} >= {"QUEUED", "RUNNING", "COMPLETED"}
+                if json.loads(value(m))["execution_id"] == str(first)]
+    assert {json.loads(value(m))["status"] for m in on_topic} >= {"QUEUED", "RUNNING", "COMPLETED"}
     for msg in on_topic:
-        body = json.loads(msg.value())
+        body = json.loads(value(msg))
         assert set(body) >= SPEC_EVENT_FIELDS, SPEC_EVENT_FIELDS - set(body)
         assert body["schema_version"] == 1
-        ExecutionEvent.model_validate_json(msg.value())
+        ExecutionEvent.model_validate_json(value(msg))
         assert msg.key() == b"every-2s"
-        traceparent = dict(msg.headers() or [])["traceparent"].decode()
+        traceparent = headers(msg)["traceparent"]
         assert len(traceparent) == 55 and traceparent.startswith("00-")
     # Every event of one execution belongs to one trace.
-    assert len({dict(m.headers())["traceparent"][3:35] for m in on_topic}) == 1
+    assert len({headers(m)["traceparent"][3:35] for m in on_topic}) == 1

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import signal
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 from confluent_kafka import Producer
 
-from cronstream.shared.records import JobDue, JobSnapshot
+from cronstream.shared.records import JobDue, JobSnapshot, Priority
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
 from tests.support import cli, eventually, holding_the_workers_group, run_now, sql
@@ -39,7 +40,7 @@ def test_blocking_and_cpu_bound_handlers_are_killed_at_their_timeout(
     run_now(topics, "blocked", "test.block", timeout_seconds=3, **retry)
     run_now(topics, "spinning", "test.cpu", timeout_seconds=3, **retry)
     for job in ("blocked", "spinning"):
-        row = eventually(lambda job=job: execution(topics, job, "TIMED_OUT"), 30,
+        row = eventually(partial(execution, topics, job, "TIMED_OUT"), 30,
                          message=f"{job} TIMED_OUT")
         took = (row["completed_at"] - row["started_at"]).total_seconds()
         assert 3 <= took <= 6, f"{job} stopped after {took:.1f}s"
@@ -60,7 +61,7 @@ def test_unknown_handler_fails_once_and_imports_nothing(
         run_now(topics, job_id, name, max_retries=3, retry_delay_seconds=1,
                 params={"command": f"touch {marker}"})
     for job_id in ("shell-out", "module-path"):
-        row = eventually(lambda j=job_id: execution(topics, j, "PERMANENTLY_FAILED"), 30,
+        row = eventually(partial(execution, topics, job_id, "PERMANENTLY_FAILED"), 30,
                          message=f"{job_id} fails")
         assert "unknown handler" in row["error_message"]
     assert "tests.e2e.evil_module" not in Path("/proc/self/maps").read_text()
@@ -178,7 +179,7 @@ def test_a_paused_worker_fetches_again_from_the_partitions_a_rebalance_gives_bac
     producer = Producer({"bootstrap.servers": topics.kafka_bootstrap_servers,
                          "enable.idempotence": True, "linger.ms": 20})
 
-    def due(job_id: str, handler: str, params: dict[str, Any], priority: str) -> None:
+    def due(job_id: str, handler: str, params: dict[str, Any], priority: Priority) -> None:
         record = JobDue(execution_id=uuid4(), job_id=job_id, run_id=uuid4(),
                         scheduled_at=datetime.now(UTC), reason="MANUAL", idempotency_key=job_id,
                         job=JobSnapshot(handler=handler, params=params, priority=priority))

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 from confluent_kafka import Message, Producer
 
 from cronstream.services.monitor.housekeeping import Housekeeping
@@ -39,7 +40,7 @@ def _produce_at(settings: Settings, topic: str, value: bytes) -> int:
     return offset
 
 
-async def _running(conn: asyncpg.Connection, execution_id: uuid.UUID, offset: int | None) -> None:
+async def _running(conn: PoolConnectionProxy[asyncpg.Record], execution_id: uuid.UUID, offset: int | None) -> None:
     """A RUNNING execution of the worker, as the projection holds it (and its RUNNING
     event at `offset` of partition 0, when given)."""
     now = datetime.now(UTC)
@@ -55,7 +56,7 @@ async def _running(conn: asyncpg.Connection, execution_id: uuid.UUID, offset: in
         await _running_event(conn, execution_id, offset)
 
 
-async def _running_event(conn: asyncpg.Connection, execution_id: uuid.UUID, offset: int) -> None:
+async def _running_event(conn: PoolConnectionProxy[asyncpg.Record], execution_id: uuid.UUID, offset: int) -> None:
     now = datetime.now(UTC)
     await conn.execute(
         """INSERT INTO execution_events (event_id, execution_id, job_id, run_id, status,

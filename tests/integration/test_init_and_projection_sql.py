@@ -11,9 +11,9 @@ from confluent_kafka.admin import AdminClient
 
 from cronstream.services.monitor.projection import event_rows, fold
 from cronstream.services.monitor.store import create_staging, insert_events, upsert_patches
-from cronstream.shared.db import apply_migrations, connect, fast_timestamps, migrations
+from cronstream.shared.db import apply_migrations, connect, fast_timestamps, migrations, query
 from cronstream.shared.kafka import ensure_topics
-from cronstream.shared.records import ExecutionEvent
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus
 from cronstream.shared.settings import Settings
 from tests.support import sql
 
@@ -50,7 +50,7 @@ def test_migrations_apply_once(database_url: str) -> None:
             "progress_message"} <= columns
 
 
-def event(execution: uuid.UUID, status: str, second: int, **fields: Any) -> ExecutionEvent:
+def event(execution: uuid.UUID, status: ExecutionStatus, second: int, **fields: Any) -> ExecutionEvent:
     return ExecutionEvent(event_id=uuid.uuid4(), execution_id=execution, job_id="j",
                           run_id=uuid.uuid4(), status=status, attempt_number=1, scheduled_at=T0,
                           occurred_at=T0 + timedelta(seconds=second), **fields)
@@ -133,11 +133,12 @@ def test_a_log_batch_projected_twice_adds_nothing_and_its_end_is_recorded_once(
     """A batch of log lines sent twice (a re-sent final batch, a batch projected again
     after a crash) keeps each line once, in order, the rest of the batch landing."""
     from cronstream.services.monitor.store import insert_logs
-    from cronstream.shared.records import JobDue, JobSnapshot, LogBatch, render_log_batch
+    from cronstream.shared.records import JobDefinition, JobDue, LogBatch, render_log_batch
 
-    due = JobDue(execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(), scheduled_at=T0,
-                 reason="SCHEDULE", idempotency_key="k", job=JobSnapshot(handler="h"))
-    lines = [(T0.timestamp() + i, "stdout", None, f"line {i}") for i in range(4)]
+    due = JobDue.first(JobDefinition(job_id="j", type="INTERVAL", interval_seconds=60, handler="h"),
+                       T0, "MANUAL")
+    lines: list[tuple[float, str, str | None, str]] = [
+        (T0.timestamp() + i, "stdout", None, f"line {i}") for i in range(4)]
 
     def batch(first: int, upto: int, final: bool) -> LogBatch:
         return LogBatch.model_validate_json(render_log_batch(
@@ -201,3 +202,42 @@ def test_the_fast_timestamptz_codec_agrees_with_asyncpgs_own(database_url: str) 
     assert read_fast == read_plain
     assert [type(v) for v in read_fast] == [type(v) for v in read_plain]
     assert all(v.tzinfo is not None for v in read_fast if v not in (datetime.max, datetime.min))
+
+
+def test_the_success_rate_is_per_run_in_every_jobs_overview(database_url: str) -> None:
+    sql(database_url, """
+        INSERT INTO job_definitions (job_id, type, interval_seconds, timezone, trigger_rule, handler,
+            max_retries, retry_delay_seconds, max_retry_delay_seconds, timeout_seconds, priority,
+            queue, concurrency_policy, misfire_policy, misfire_grace_seconds, enabled, updated_at,
+            definition)
+        VALUES ('j', 'INTERVAL', 60, 'UTC', 'ALL_SUCCESS', 'noop', 2, 1, 60, 60, 'normal',
+                'default', 'ALLOW', 'FIRE_ONCE', 60, true, now(), '{}')""")
+    now = datetime.now(UTC).replace(microsecond=0)
+
+    def attempt(run: int, number: int, status: ExecutionStatus) -> list[ExecutionEvent]:
+        execution = uuid.uuid5(uuid.NAMESPACE_OID, f"{run}|{number}")
+        at = now - timedelta(minutes=10 - run)
+        fields: dict[str, Any] = {"execution_id": execution, "job_id": "j",
+                                  "run_id": uuid.uuid5(uuid.NAMESPACE_OID, str(run)),
+                                  "attempt_number": number, "scheduled_at": at}
+        return [ExecutionEvent(event_id=uuid.uuid4(), status="RUNNING", occurred_at=at,
+                               started_at=at, **fields),
+                ExecutionEvent(event_id=uuid.uuid4(), status=status, started_at=at,
+                               occurred_at=at + timedelta(seconds=1),
+                               completed_at=at + timedelta(seconds=1), **fields)]
+
+    upsert(database_url, [
+        *attempt(1, 1, "FAILED"), *attempt(1, 2, "TIMED_OUT"), *attempt(1, 3, "COMPLETED"),  # one success
+        *attempt(2, 1, "PERMANENTLY_FAILED"),                                                   # one failure
+        *attempt(3, 1, "COMPLETED"),                                                            # one success
+        *attempt(4, 1, "FAILED"),                       # its retry is pending: not ended yet
+        *attempt(5, 1, "CANCELLED")])                   # a decision, not an outcome
+    overview = sql(database_url, "SELECT finished_24h, succeeded_24h FROM job_overview")
+    assert [tuple(r) for r in overview] == [(3, 2)]
+    stats = sql(database_url, "SELECT finished, succeeded, success_rate_percent FROM job_stats_24h")[0]
+    assert (stats["finished"], stats["succeeded"], float(stats["success_rate_percent"])) == (3, 2, 66.67)
+    # `cronstream jobs`, the dashboard's Jobs page and Grafana's job list read the view.
+    listed = sql(database_url, query("jobs_list"))[0]
+    assert (listed["finished_24h"], listed["succeeded_24h"]) == (3, 2)
+    shown = sql(database_url, query("jobs_rows", "ui.sql"), ["j"])[0]
+    assert (shown["finished"], shown["succeeded"]) == (3, 2)

@@ -21,14 +21,14 @@ from cronstream import (
     UnavailableError,
 )
 from cronstream.shared.settings import Settings
-from tests.support import read_all, sql
+from tests.support import read_all, sql, value
 
 JOB = {"job_id": "nightly", "type": "ONE_TIME", "run_at": "2030-12-01T00:00:00Z", "handler": "noop",
        "params": {"format": "pdf"}}
 
 
 def on_topic(settings: Settings, topic: str) -> list[tuple[str, dict[str, object] | None]]:
-    return [(m.key().decode(), json.loads(m.value()) if m.value() else None)
+    return [((m.key() or b"").decode(), json.loads(value(m)) if m.value() else None)
             for m in read_all(settings, topic)]
 
 
@@ -57,7 +57,7 @@ def test_async_client_inside_asyncio_run(topics: Settings) -> None:
     records = on_topic(topics, topics.topics.job_definitions)
     assert [(k, v["enabled"] if v else None) for k, v in records] == [
         ("nightly", True), ("other", True), ("nightly", False), ("nightly", True), ("other", None)]
-    assert [json.loads(m.value())["command"] for m in read_all(topics, topics.topics.commands)] == \
+    assert [json.loads(value(m))["command"] for m in read_all(topics, topics.topics.commands)] == \
         ["CANCEL", "APPROVE"]
     assert [m.key() for m in read_all(topics, topics.topics.job_due)] == [b"nightly"]
 

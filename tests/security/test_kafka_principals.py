@@ -183,8 +183,9 @@ def only_their_own_writes(broker: SaslBroker, sasl: Settings) -> None:
     try:
         thief.subscribe([f"{sasl.topic_prefix}work.normal.default"])
         message = thief.poll(10)
-        assert message is not None and message.error() is not None
-        assert message.error().code() in (KafkaError.GROUP_AUTHORIZATION_FAILED,
-                                          KafkaError.TOPIC_AUTHORIZATION_FAILED), message.error()
+        assert message is not None
+        error = message.error()
+        assert error is not None and error.code() in (KafkaError.GROUP_AUTHORIZATION_FAILED,
+                                                      KafkaError.TOPIC_AUTHORIZATION_FAILED), error
     finally:
         thief.close()

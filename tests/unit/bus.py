@@ -44,7 +44,7 @@ class MemoryBus:
         return [m for (t, _), log in sorted(self.logs.items()) if t == topic for m in log]
 
     def values(self, topic: str) -> list[dict[str, Any]]:
-        return [json.loads(m.value()) for m in self.records(topic) if m.value() is not None]
+        return [json.loads(v) for m in self.records(topic) if (v := m.value()) is not None]
 
     def read(self, topic: str, partition: int, start: int) -> list[Message]:
         return self.logs.get((topic, partition), [])[start:]

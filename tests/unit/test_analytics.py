@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from cronstream.services.analytics.episodes import Episodes, queue_subject
 from cronstream.services.analytics.ledger import SETTLE_MS, FireLedger
 from cronstream.services.analytics.queues import QueueTrends
+from cronstream.services.analytics.service import AnalyticsService
 from cronstream.services.analytics.windows import (
     JobWindow,
     Thresholds,
@@ -50,19 +51,50 @@ def test_a_bad_alerts_block_is_refused_naming_the_field() -> None:
 # -- success rate and durations -------------------------------------------------------------
 
 
-def test_success_rate_counts_outcomes_in_the_window_once_each() -> None:
+def test_success_rate_counts_each_runs_outcome_in_the_window_once() -> None:
     window = JobWindow(20)
     t = thresholds(success_rate_percent=90, min_runs=4, window_seconds=60)
     ids = [uuid.uuid4() for _ in range(6)]
-    for i, status in enumerate(["COMPLETED", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "SKIPPED"]):
+    for i, status in enumerate(["COMPLETED", "COMPLETED", "PERMANENTLY_FAILED", "PERMANENTLY_FAILED",
+                                "CANCELLED", "SKIPPED"]):
         window.add(ids[i], status, 100.0 + i, 1.0)
-    window.add(ids[2], "FAILED", 106.0, 1.0)  # the same execution reported again
+    window.add(ids[2], "PERMANENTLY_FAILED", 106.0, 1.0)  # the same execution reported again
     rate = window.success_rate(110.0, 60)
     assert (rate.finished, rate.succeeded) == (4, 2)  # CANCELLED and SKIPPED are not outcomes
     assert success_rate_low(rate, t)
     # Three minutes later the failures have left the window; nothing finished since.
     assert window.success_rate(300.0, 60).finished == 0
     assert not success_rate_low(window.success_rate(300.0, 60), t)
+
+
+def test_a_failed_attempt_that_a_retry_makes_good_is_one_successful_run() -> None:
+    window = JobWindow(20)
+    window.add(uuid.uuid4(), "FAILED", 100.0, 1.0)  # attempt 1: a retry follows
+    window.add(uuid.uuid4(), "TIMED_OUT", 101.0, 1.0)  # attempt 2: another follows
+    window.add(uuid.uuid4(), "COMPLETED", 102.0, 1.0)  # attempt 3: the run succeeded
+    rate = window.success_rate(110.0, 60)
+    assert (rate.finished, rate.succeeded, rate.percent) == (1, 1, 100.0)
+
+
+def runs(window: JobWindow, completed: int, failed: int, at: float = 100.0) -> None:
+    for status, count in (("COMPLETED", completed), ("PERMANENTLY_FAILED", failed)):
+        for _ in range(count):
+            window.add(uuid.uuid4(), status, at, 1.0)
+
+
+def test_the_default_success_rate_threshold_is_99_percent_of_at_least_10_runs() -> None:
+    defaults = Thresholds.of(Settings(), None)
+    at_threshold, below, too_few, enough = JobWindow(200), JobWindow(200), JobWindow(20), JobWindow(20)
+    runs(at_threshold, 99, 1)
+    runs(below, 98, 2)
+    runs(too_few, 0, 9)
+    runs(enough, 0, 10)
+    assert not success_rate_low(at_threshold.success_rate(110.0, 3600), defaults)  # 99 % is not below
+    assert success_rate_low(below.success_rate(110.0, 3600), defaults)
+    assert not success_rate_low(too_few.success_rate(110.0, 3600), defaults)
+    assert success_rate_low(enough.success_rate(110.0, 3600), defaults)
+    # An hour by default: what finished an hour and a second ago is out of the window.
+    assert below.success_rate(100.0 + 3601, defaults.window_seconds).finished == 0
 
 
 def test_too_few_runs_never_alert() -> None:
@@ -86,6 +118,22 @@ def test_duration_regression_compares_recent_p95_with_the_baseline() -> None:
     for _ in range(10):
         window.add(uuid.uuid4(), "COMPLETED", 1.0, 1.2)
     assert not duration_regressed(window.durations(3), t)
+
+
+def test_the_default_regression_is_a_recent_p95_above_twice_the_baseline_of_50_runs() -> None:
+    defaults = Thresholds.of(Settings(), None)
+    assert (defaults.duration_factor, defaults.recent_runs, defaults.baseline_runs) == (2, 5, 50)
+
+    def window(recent: float) -> JobWindow:
+        made = JobWindow(defaults.baseline_runs + defaults.recent_runs)
+        for duration in [0.5] * 60 + [recent] * 5:
+            made.add(uuid.uuid4(), "COMPLETED", 1.0, duration)
+        return made
+
+    exactly_twice = window(1.0).durations(defaults.recent_runs)
+    assert exactly_twice is not None and exactly_twice.baseline_runs == 50
+    assert not duration_regressed(exactly_twice, defaults)  # twice is not above twice
+    assert duration_regressed(window(1.01).durations(defaults.recent_runs), defaults)
 
 
 def test_p95_is_nearest_rank() -> None:
@@ -230,6 +278,39 @@ def test_a_run_that_does_not_finish_in_time_is_a_late_finish() -> None:
     assert ledger.judge("tick", S + 2500).finishes == [(execution, S)]
     ledger.event("tick", execution, status="COMPLETED", attempt=1, scheduled_ms=S, terminal=True)
     assert not ledger.judge("tick", S + 3000).late
+
+
+def test_only_first_attempts_tell_whether_a_fire_happened() -> None:
+    ledger = ledger_with(every_second(end_at=datetime.fromtimestamp((S + 500) / 1000, UTC)))
+    # A retry scheduled, by chance, at the instant of a fire that never happened.
+    ledger.event("tick", uuid.uuid4(), status="QUEUED", attempt=2, scheduled_ms=S, terminal=False)
+    status = ledger.judge("tick", S + 4000)
+    assert [(p.scheduled_ms, p.reason) for p in status.starts] == [(S, "scheduler_down")]
+    assert ledger.outcomes["on_time"] == 0
+
+
+def test_a_late_alerts_evidence_is_its_own_jobs_history() -> None:
+    service = AnalyticsService(SETTINGS)
+    ledger = service.ledger = FireLedger(start_ms=S)
+    th = thresholds()
+    ledger.definition("idle", every_second(job_id="idle", enabled=False), valid=True, observed_ms=S,
+                      late_after_s=3)
+    ledger.definition("tick", every_second(), valid=True, observed_ms=S, late_after_s=3)
+    fire(ledger, S)
+    ledger.scheduler_state("tick", S + 1000, S)  # the scheduler stops after its first fire
+
+    def evidence(now_ms: int) -> dict[str, object]:
+        ledger.judge("idle", now_ms)  # another job's fires are judged in the same round
+        status = ledger.judge("tick", now_ms)
+        transition = service.episodes.evaluate("FIRE_LATE", "tick", True, True, now_ms)
+        assert transition is not None
+        return service._late_alert(transition, "tick", status, th, now_ms).evidence
+
+    assert evidence(S + 6000)["missed_by_reason"] == {}  # idle's paused fires are not tick's
+    service._measure()  # the round's end: the service-wide counts go to the metrics
+    fire(ledger, S + 1000)  # the scheduler is back and fires the first missed one, late
+    assert evidence(S + 7000)["missed_by_reason"] == {"late": 1}
+    assert ledger.jobs["idle"].outcomes["paused"] == 5
 
 
 def test_a_cron_schedule_uses_the_schedulers_own_fire_times() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from cronstream.infra.cluster import KafkaCluster
 from cronstream.shared.ids import execution_id
+from tests.chaos.harness import DEAD_AFTER_SECONDS, Requeue, worker_kill_problems
 from tests.chaos.load import LoadShape, expected_fires
 
 
@@ -50,3 +51,14 @@ def test_the_windows_fires_are_its_grid_points_inclusive() -> None:
     assert fires[first].scheduled_at == start
     assert {f.job_id for f in fires.values()} == {"noop-00", "noop-01", "sleep-00", "long-00"}
     assert all(d["misfire_policy"] == "FIRE_ALL" for d in definitions)
+
+
+def test_a_worker_kill_run_fails_without_a_kill_inside_a_transaction_or_a_slow_requeue() -> None:
+    prompt = Requeue("worker-1", running=3, requeued=3, seconds=DEAD_AFTER_SECONDS + 1.9)
+    assert worker_kill_problems(2, 1, [prompt]) == []
+    assert worker_kill_problems(2, 0, [prompt]) == [
+        "none of the 2 kills was caught inside an open transaction"]
+    slow = Requeue("worker-2", running=3, requeued=3, seconds=DEAD_AFTER_SECONDS + 2.5)
+    assert ["re-queued 7.5s after its death" in p for p in worker_kill_problems(2, 1, [slow])] == [True]
+    lost = Requeue("worker-2", running=3, requeued=2, seconds=DEAD_AFTER_SECONDS)
+    assert ["1 were never re-queued" in p for p in worker_kill_problems(2, 1, [lost])] == [True]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cronstream.services.scheduler.clock import Clock, JobClock, render_due, render_state
-from cronstream.shared.ids import execution_id, idempotency_key, run_id
+from cronstream.shared.ids import execution_id
 from cronstream.shared.records import (
     JobDefinition,
     JobDue,
@@ -192,10 +192,7 @@ def test_fast_renderers_match_the_models_byte_for_byte(fire: datetime) -> None:
 def check_render(d: JobDefinition, fire: datetime) -> None:
     job = JobClock("j", 5, d.to_json())
     rendered = render_due(job, ms(fire))
-    expected = JobDue(execution_id=execution_id("j", fire, 1), job_id="j", run_id=run_id("j", fire),
-                      scheduled_at=fire, attempt_number=1, reason="SCHEDULE",
-                      idempotency_key=idempotency_key("j", fire, d.params),
-                      job=JobSnapshot.of(d, definition_offset=5))
+    expected = JobDue.first(d, fire, "SCHEDULE", definition_offset=5)
     assert rendered.value == expected.to_json()
     assert json.loads(rendered.value)["job"]["definition_offset"] == 5, "names its definition"
     assert rendered.execution_id == str(expected.execution_id)

@@ -9,7 +9,7 @@ import pytest
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.dag import dag_problem
 
-UP = {"extract": {"status": "COMPLETED", "result": {"rows": 12, "regions": ["eu", "us"],
+UP: dict[str, dict[str, Any]] = {"extract": {"status": "COMPLETED", "result": {"rows": 12, "regions": ["eu", "us"],
                                                     "items": [{"ok": True}]}},
       "validate": {"status": "COMPLETED", "result": {"warnings": []}},
       "etl.v2": {"status": "PERMANENTLY_FAILED", "result": None}}

@@ -15,8 +15,10 @@ from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.dispatcher.service import DispatcherService
 from cronstream.shared.inbound import DLQ_ERROR
+from cronstream.shared.kafka import position
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
+from tests.support import headers, value
 from tests.unit.bus import MemoryBus, MemoryConsumerThread, MemoryProducer
 
 SETTINGS = Settings(topic_prefix="u.", topic_partitions=3)
@@ -79,7 +81,8 @@ def test_a_jobdue_is_queued_with_its_work_record_and_its_offset_in_one_transacti
     assert statuses(bus) == ["QUEUED"]
     assert [m.value() for m in bus.records(T.work("normal", "default"))] == [d.to_json()], \
         "the work record is the JobDue, byte for byte"
-    assert bus.committed[(T.job_due, msg.partition())] == msg.offset() + 1  # type: ignore[operator]
+    _topic, partition, offset = position(msg)
+    assert bus.committed[(T.job_due, partition)] == offset + 1
     assert service._producer.transactions == 1  # type: ignore[union-attr]
 
 
@@ -104,7 +107,7 @@ def test_garbage_is_dead_lettered_in_the_batch_transaction_and_the_rest_goes_on(
     process(service, bad, good)
     dead = bus.records(T.dead_letters)
     assert len(dead) == 1 and dead[0].value() == b'{"not": "a JobDue"}'
-    assert b"invalid JobDue" in dict(dead[0].headers() or [])[DLQ_ERROR]
+    assert "invalid JobDue" in headers(dead[0])[DLQ_ERROR]
     assert len(work(bus)) == 1
     assert service._producer.transactions == 1  # type: ignore[union-attr]
 
@@ -152,7 +155,7 @@ def test_forbid_skips_a_new_run_while_the_last_is_active_across_a_restart() -> N
     events = bus.values(T.execution_events)
     assert [e["status"] for e in events] == ["QUEUED", "SKIPPED"]
     assert "concurrency_policy FORBID" in events[1]["error_message"]
-    assert json.loads(bus.records(T.work("normal", "default"))[0].value())["execution_id"] == \
+    assert json.loads(value(bus.records(T.work("normal", "default"))[0]))["execution_id"] == \
         str(first.execution_id)
 
 

@@ -31,7 +31,7 @@ STATUSES = ["QUEUED", "RUNNING", "PROGRESS", "COMPLETED", "FAILED", "SKIPPED", "
 
 
 def _defaults(model: Any) -> dict[str, Any]:
-    return {name: (info.default_factory() if info.default_factory else info.default)  # type: ignore[call-arg]
+    return {name: (info.default_factory() if info.default_factory else info.default)
             for name, info in model.model_fields.items() if not info.is_required()}
 
 

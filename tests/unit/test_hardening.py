@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from pydantic import ValidationError
 
 from cronstream.services.monitor.housekeeping import Sight
@@ -27,6 +27,7 @@ from cronstream.shared.inbound import (
     DLQ_ORIGINAL_SIZE,
     DLQ_TRUNCATED,
     MAX_DEAD_LETTER_VALUE,
+    SKIP,
     Inbound,
 )
 from cronstream.shared.lanes import CallTimedOut, Lane, abandoned_lanes
@@ -59,6 +60,22 @@ def test_any_failure_while_decoding_dead_letters_the_record_and_names_it() -> No
     assert "invalid JobDue" in reasons[0] and "null value" in reasons[1]
     assert "job_id" in reasons[2] or "execution_id" in reasons[2]
     assert batch.next_offsets == {("t.job-due", 1): 8}
+
+
+def test_a_reader_whose_policy_is_skip_logs_a_bad_record_and_dead_letters_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inbound = Inbound("analytics", TOPICS, SKIP)
+    end = Message(topic="t.job-due", partition=2, offset=9, error=KafkaError(KafkaError._PARTITION_EOF))
+    batch = inbound.batch([message(b"not json"), end])
+    with caplog.at_level(logging.WARNING):
+        assert batch.decode(JobDue, batch.records[0], key_field="job_id") is None
+    assert batch.dead == []
+    skipped = [r for r in caplog.records if getattr(r, "action", None) == "record_skipped"]
+    assert len(skipped) == 1 and "invalid JobDue" in str(skipped[0].__dict__)
+    assert batch.ended == {("t.job-due", 2)}, "the end of a partition is told, not a record"
+    quiet = Inbound("scheduler", TOPICS).batch([message(b"not json")])
+    assert quiet.decode(JobDue, quiet.records[0], reject=False) is None and quiet.dead == []
 
 
 def test_a_poison_condition_is_a_validation_error_not_a_crash() -> None:
@@ -223,6 +240,7 @@ def test_a_finished_execution_reported_again_after_an_unknown_outcome_is_the_sam
                         outcome, datetime(2026, 11, 30, 0, 0, 1, tzinfo=UTC))
         first, again = reporter.finished(done), reporter.finished(done)
         assert [(r.topic, r.key, r.value) for r in again] == [(r.topic, r.key, r.value) for r in first]
+        assert first[0].value is not None
         event = ExecutionEvent.model_validate_json(first[0].value)
         assert event.status == outcome.status
         assert len(first) == (2 if outcome.status == "FAILED" else 1)  # FAILED: its retry too

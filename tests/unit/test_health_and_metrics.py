@@ -10,17 +10,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.metrics import MetricWrapperBase
 
 from cronstream.shared import metrics
-from cronstream.shared.health import Health, HealthServer
+from cronstream.shared.health import Health, HealthServer, open_http
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def _exported_name(metric: metrics.MetricWrapperBase) -> str:
+def _exported_name(metric: MetricWrapperBase) -> str:
     return metric._name + ("_total" if metric._type == "counter" else "")
 
 
@@ -56,7 +58,7 @@ def test_a_kept_child_is_the_labelled_series_itself() -> None:
 
 
 @pytest.fixture
-def served() -> tuple[Health, int]:
+def served() -> Iterator[tuple[Health, int]]:
     health = Health("worker", stall_seconds=0.5)
     server = HealthServer(health, "127.0.0.1", 0)
     server.start()
@@ -90,7 +92,11 @@ def test_healthz_fails_while_the_event_loop_is_blocked(served: tuple[Health, int
         ticker = asyncio.create_task(tick())
         await asyncio.sleep(0.2)
         results.append(_get(port, "/healthz")[0])  # the loop turns
-        probe = threading.Thread(target=lambda: (time.sleep(1.0), results.append(_get(port, "/healthz")[0])))
+        def probe_later() -> None:
+            time.sleep(1.0)
+            results.append(_get(port, "/healthz")[0])
+
+        probe = threading.Thread(target=probe_later)
         probe.start()
         time.sleep(1.5)  # a blocking call on the loop: the very fault liveness must catch
         probe.join()
@@ -157,8 +163,8 @@ def test_a_loop_histogram_exports_what_a_histogram_does() -> None:
     """The worker's lock-free histograms (start lag, run time) must look exactly like
     prometheus_client's to Prometheus: buckets, count, sum, created, and each bucket's
     latest exemplar, in both text formats."""
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.exposition import choose_encoder
 
     def exposition(kind: type[Histogram]) -> tuple[str, str]:
         registry = CollectorRegistry()
@@ -168,7 +174,8 @@ def test_a_loop_histogram_exports_what_a_histogram_does() -> None:
             child = histogram.labels(queue="a" if i % 3 else "b")
             child.observe(value, {"trace_id": f"{i:032x}"} if i % 2 else None)
         scrubbed = []
-        for text in (generate_latest(registry).decode(), openmetrics(registry).decode()):
+        for accept in ("text/plain", "application/openmetrics-text"):
+            text = choose_encoder(accept)[0](registry).decode()
             undated = re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text)  # when each was made
             scrubbed.append(re.sub(r"(# \{trace_id=\"[0-9a-f]+\"\} \S+) \S+", r"\1 T", undated))
         return scrubbed[0], scrubbed[1]
@@ -176,3 +183,17 @@ def test_a_loop_histogram_exports_what_a_histogram_does() -> None:
     ours, theirs = exposition(metrics.LoopHistogram), exposition(Histogram)
     assert ours == theirs
     assert '# {trace_id="' in ours[1] and "_created" in ours[0]
+
+
+def test_a_taken_default_port_gives_way_to_a_free_one_but_an_explicit_port_does_not() -> None:
+    health = Health("worker")
+    first = HealthServer(health, "127.0.0.1", 0)
+    try:
+        default = first.port  # taken from now on
+        second = open_http(lambda port: HealthServer(health, "127.0.0.1", port), "worker", None, default)
+        assert second.port not in (default, 0)
+        second.server_close()
+        with pytest.raises(OSError, match="in use"):
+            open_http(lambda port: HealthServer(health, "127.0.0.1", port), "worker", default, default)
+    finally:
+        first.server_close()

@@ -8,8 +8,8 @@ from uuid import uuid4
 
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import PolicyState
-from cronstream.shared.records import ExecutionEvent, JobDue, JobSnapshot
-from cronstream.shared.retry import retry_execution_id
+from cronstream.shared.ids import retry_execution_id
+from cronstream.shared.records import ExecutionEvent, JobDue
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -18,7 +18,7 @@ def due(policy: str = "FORBID", reason: str = "SCHEDULE", max_retries: int = 0, 
     values: dict[str, Any] = {
         "execution_id": uuid4(), "job_id": "j", "run_id": uuid4(), "scheduled_at": T0,
         "attempt_number": 1, "reason": reason, "idempotency_key": "k",
-        "job": JobSnapshot(handler="noop", concurrency_policy=policy, max_retries=max_retries),
+        "job": {"handler": "noop", "concurrency_policy": policy, "max_retries": max_retries},
     }
     values.update(fields)
     return JobDue.model_validate(values, strict=False)

@@ -110,9 +110,10 @@ def test_a_run_reaches_its_handler_and_comes_back_exactly() -> None:
         await runner.start()
         try:
             trace = [("traceparent", traceparent.encode()), ("x-empty", None)]
+            # A Kafka header's value may be None, which Headers does not admit: on purpose.
             return await asyncio.wait_for(runner.run(
                 due, lambda percent, text: reports.append((percent, text)), CancelSignal(),
-                trace), 30)  # type: ignore[arg-type]  (a Kafka header's value may be None)
+                trace), 30)  # type: ignore[arg-type]
         finally:
             await runner.close()
 

@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronstream.services.monitor.projection import fold
-from cronstream.shared.records import ExecutionEvent
+from cronstream.shared.records import ExecutionEvent, ExecutionStatus
 
 T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
 EXECUTION, RUN = uuid.uuid4(), uuid.uuid4()
 
 
-def event(status: str, second: int, **fields: Any) -> ExecutionEvent:
+def event(status: ExecutionStatus, second: int, **fields: Any) -> ExecutionEvent:
     return ExecutionEvent(event_id=uuid.uuid4(), execution_id=EXECUTION, job_id="j", run_id=RUN,
                           status=status, attempt_number=1, scheduled_at=T0,
                           occurred_at=T0 + timedelta(seconds=second), **fields)

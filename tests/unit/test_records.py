@@ -67,7 +67,8 @@ def test_invalid_definitions_name_the_field(change: dict[str, object], needle: s
 
 
 def test_times_are_utc_and_models_are_frozen() -> None:
-    d = JobDefinition(**BASE, start_at=datetime(2026, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))))
+    d = JobDefinition.model_validate(
+        {**BASE, "start_at": datetime(2026, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)))})
     assert d.start_at == datetime(2026, 1, 1, tzinfo=UTC) and d.start_at.tzinfo == UTC
     with pytest.raises(ValidationError):
         d.job_id = "other"  # type: ignore[misc]
@@ -87,9 +88,9 @@ def test_event_result_is_limited() -> None:
     fields = dict(event_id=uuid.uuid4(), execution_id=uuid.uuid4(), job_id="j", run_id=uuid.uuid4(),
                   status="COMPLETED", attempt_number=1, scheduled_at=datetime.now(UTC),
                   occurred_at=datetime.now(UTC))
-    ExecutionEvent(**fields, result={"ok": "x" * 1000})
+    ExecutionEvent.model_validate({**fields, "result": {"ok": "x" * 1000}})
     with pytest.raises(ValidationError, match="limit is 65536"):
-        ExecutionEvent(**fields, result={"big": "x" * 70_000})
+        ExecutionEvent.model_validate({**fields, "result": {"big": "x" * 70_000}})
 
 
 def test_decode_checks_key_size_and_nulls() -> None:

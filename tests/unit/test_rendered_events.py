@@ -30,7 +30,7 @@ def _due(rng: random.Random) -> JobDue:
     scheduled = datetime(2026, rng.randint(1, 12), rng.randint(1, 28), rng.randint(0, 23),
                          rng.randint(0, 59), rng.randint(0, 59),
                          rng.choice([0, 1000, 123456]), tzinfo=offset)
-    raw = {
+    raw: dict[str, Any] = {
         "execution_id": str(uuid.uuid4()), "job_id": rng.choice(["job", "a.b-c_d", "X" * 128]),
         "run_id": str(uuid.uuid4()), "scheduled_at": scheduled.isoformat(),
         "reason": rng.choice(["SCHEDULE", "RETRY", "MANUAL", "REQUEUE"]),

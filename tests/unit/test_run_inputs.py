@@ -24,6 +24,7 @@ from cronstream.services.worker.pool import PoolRunner
 from cronstream.services.worker.runner import CancelSignal, make_context
 from cronstream.shared.codec import MAX_RECORD_BYTES, decode
 from cronstream.shared.fast_records import FastDue, decode_due
+from cronstream.shared.ids import retry_execution_id
 from cronstream.shared.records import (
     MAX_PARAMS_BYTES,
     MAX_UPSTREAM_RESULTS_BYTES,
@@ -35,7 +36,7 @@ from cronstream.shared.records import (
     run_params,
 )
 from cronstream.shared.records import Upstream as UpstreamRecord
-from cronstream.shared.retry import next_attempt, retry_execution_id
+from cronstream.shared.retry import next_attempt
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HANDLERS = "tests.e2e.handlers_for_tests"

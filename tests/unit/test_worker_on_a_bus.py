@@ -18,6 +18,7 @@ from confluent_kafka import Message, TopicPartition
 from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
+from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.kafka import OFFSET_BEGINNING, OutRecord
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
@@ -41,11 +42,11 @@ class HeldRunner:
     async def close(self) -> None:
         return None
 
-    def run_now(self, due: JobDue, progress: Any, trace: Any = None, lines: Any = None
+    def run_now(self, due: DueRecord, progress: Any, trace: Any = None, lines: Any = None
                 ) -> Outcome | None:
         return None  # every run is held: awaited
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal,
                   trace: Any = None, lines: Any = None) -> Outcome:
         self.started.append(due.execution_id)
         await self.release.wait()
@@ -304,7 +305,7 @@ class QuickRunner(HeldRunner):
         self.running = 0
         self.most = 0
 
-    async def run(self, due: JobDue, progress: Any, cancel: CancelSignal,
+    async def run(self, due: DueRecord, progress: Any, cancel: CancelSignal,
                   trace: Any = None, lines: Any = None) -> Outcome:
         self.started.append(due.execution_id)
         self.running += 1
@@ -356,7 +357,7 @@ def test_claims_not_started_are_requeued_at_once_when_the_worker_drains() -> Non
         assert len(runner.started) == 1
         stopping.set()
         await asyncio.wait_for(loop, 5)
-        heartbeats = service._heartbeats = Heartbeats(  # type: ignore[assignment]
+        heartbeats = service._heartbeats = Heartbeats(
             MemoryIdempotentProducer(bus), T, "w1", capacity=1, queues=["default"],  # type: ignore[arg-type]
             running=service.listed)
         drained = asyncio.create_task(service._drain())
