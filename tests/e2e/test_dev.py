@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from cronstream.client import load_definitions
 from cronstream.shared.settings import Settings
 from tests.support import env_for, eventually, sql
 
@@ -73,8 +74,9 @@ def test_dev_runs_the_examples_shows_their_progress_and_ctrl_c_stops_everything(
             "COLUMNS": "200", "LINES": "60"}
     terminal = Terminal([sys.executable, "-m", "cronstream", "dev", "--workers", "2"], env, ROOT)
     started: list[psutil.Process] = []
+    examples = [d for f in sorted((ROOT / "examples").glob("*.yaml")) for d in load_definitions(f)]
     try:
-        eventually(lambda: "applied 4 example job(s)" in terminal.read(), 90,
+        eventually(lambda: f"applied {len(examples)} example job(s)" in terminal.read(), 90,
                    message="dev applying the examples")
         # The live view: a sleep job RUNNING, with its progress bar and message.
         eventually(lambda: re.search(r"example\.interval-sleep[ │]+RUNNING[ │].*━.*slept \d\.\ds of 3s",
