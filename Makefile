@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
+.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench bench-side-by-side lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -95,6 +95,12 @@ bench: install ## Benchmarks (figures printed, written to bench/results/ and doc
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; $(BIN)/python -m bench.run_all || status=$$?; $(BIN)/python -m bench.report; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
+
+bench-side-by-side: install ## This tree against BEFORE=<a checkout with its .venv>, cell by cell (docs/benchmarks.md)
+	@test -n "$(BEFORE)" || { echo "BEFORE=<path of a checkout of the tree before, with its .venv>"; exit 2; }
+	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
+	@status=0; BENCH_BEFORE_TREE=$(BEFORE) $(BIN)/python -m bench.side_by_side || status=$$?; \
+	$(BIN)/python -m bench.report; $(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy
 	$(BIN)/ruff check cronstream shared services tests bench examples deploy/grafana

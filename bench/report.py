@@ -128,6 +128,28 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
     return out
 
 
+def _side_by_side(pairs: dict[str, Any]) -> list[str]:
+    """The tree before a change against this one, cell by cell (`bench/side_by_side.py`)."""
+    out = [f"## Side by side: {pairs['before_commit']} (before) and {pairs['after_commit']} "
+           f"(`bench/side_by_side.py`, measured {pairs.get('at', '?')})", "",
+           f"The same cells run in both trees, alternating, on the same servers "
+           f"({pairs['window_seconds']} s windows; no-op handlers inline, bench.echo in the "
+           "process pool).", "",
+           "| cell | tree | completed/s in window | start lag p50 ms | start lag p99 ms | "
+           "CPU µs/execution (machine) | Kafka transactions/s |", "|---|---|---|---|---|---|---|"]
+    for cell in pairs["cells"]:
+        label = (f"{cell['handler']}, --concurrency {cell['concurrency']}, "
+                 f"{_n(cell['offered_per_second'])}/s")
+        for tree in ("before", "after"):
+            f = cell[tree]
+            lag = f["start_lag_ms"]
+            out.append(f"| {label} | {tree} | {_n(f['completed_per_second'], 1)} | {_n(lag['p50'])} | "
+                       f"{_n(lag['p99'])} | {_n(f['cpu_us_per_execution']['total'], 1)} | "
+                       f"{_n(f['kafka_transactions_per_second'])} |")
+    out.append("")
+    return out
+
+
 def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict):
         return [item for k, v in value.items() if k not in ("machine", "benchmark", "at")
@@ -140,7 +162,7 @@ def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def _others() -> list[str]:
     out = ["## The other benchmarks (`make bench`; each file in bench/results/)", ""]
     for path in sorted(RESULTS.glob("*.json")):
-        if path.stem == "e2e_throughput":
+        if path.stem in ("e2e_throughput", "side_by_side"):
             continue
         data = json.loads(path.read_text())
         figures = _flat(data)[:24]
@@ -158,6 +180,9 @@ def render() -> str:
     e2e = _load("e2e_throughput")
     if e2e:
         lines += _e2e(e2e)
+    pairs = _load("side_by_side")
+    if pairs:
+        lines += _side_by_side(pairs)
     lines += _others()
     return "\n".join(lines).rstrip() + "\n"
 
