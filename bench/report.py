@@ -63,6 +63,8 @@ def _n(value: Any, digits: int = 0) -> str:
 
 def _run_row(label: str, f: dict[str, Any]) -> str:
     lag = f["start_lag_ms"]
+    if f.get("projection_behind_events", {}).get("caught_up_after") is False:
+        label += " (the projection had not caught up 5 min after: completions undercounted)"
     return (f"| {label} | {_n(f['offered_per_second'])} | {_n(f['completed_per_second'])} | "
             f"{_n(lag['p50'])} | {_n(lag['p99'])} | {_n(f['cpu_us_per_execution']['total'])} | "
             f"{_n(f['kafka_transactions_per_second'])} |")

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from cronstream.shared.settings import Settings
 from tests.chaos import ledger
-from tests.chaos.load import Fire, LoadShape, expected_fires, publish
+from tests.chaos.load import HANDLER_MODULE, Fire, LoadShape, expected_fires, publish
 from tests.chaos.supervisor import Exit, Supervisor
 from tests.support import cli, env_for, eventually
 
@@ -139,7 +139,8 @@ class ChaosRun:
         self.supervisor.add("dispatcher", ["dispatcher", "--instance-id", "dispatcher-1"], env)
         self.supervisor.add("scheduler", ["scheduler", "--instance-id", "scheduler-1"], env)
         for i in range(1, workers + 1):
-            self.supervisor.add(f"worker-{i}", ["worker", "--worker-id", f"worker-{i}"], env)
+            self.supervisor.add(f"worker-{i}", ["worker", "--worker-id", f"worker-{i}",
+                                                "--import", HANDLER_MODULE], env)
         self.supervisor.wait_ready(timeout=120)
 
     def start_load(self, seconds: float, lead: float = 4.0) -> tuple[datetime, datetime]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
-from tests.chaos.load import Fire
+from tests.chaos.load import Fire, LoadShape
 from tests.support import read_all, sql
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -212,3 +212,31 @@ def requeue_after_death(url: str, job_ids: list[str], worker_id: str,
     requeued = sql(url, q("first_requeue_after"), running, died_at) if running else []
     seconds = max(((r["requeued_at"] - died_at).total_seconds() for r in requeued), default=None)
     return len(running), len(requeued), None if seconds is None else round(seconds, 3)
+
+
+def kept_lines_problems(url: str, job_ids: list[str], worker_id: str, died_at: datetime,
+                        frozen_at: datetime, shape: LoadShape) -> tuple[int, list[str]]:
+    """The lines a killed worker's `print` executions had printed, as kept (issue 46): each
+    delivery's lines are `line 0`, `line 1`, ... with none missing in between, and every
+    line printed a second before the worker was frozen (the stop that precedes the kill;
+    lines ship every 200 ms) is there. Returns (lines kept, problems)."""
+    printers = [job for job in job_ids if job.startswith("print-")]
+    running = sql(url, q("running_on_worker_at"), printers, worker_id, died_at)
+    rows = sql(url, q("kept_log_lines"), [r["execution_id"] for r in running], worker_id) if running else []
+    kept: defaultdict[tuple[UUID, int], list[Any]] = defaultdict(list)
+    for row in rows:
+        kept[row["execution_id"], row["delivery"]].append(row)
+    problems = []
+    for run in running:
+        lines = kept.get((run["execution_id"], run["delivery"]), [])
+        numbers = [int(line["line"].split()[1]) for line in lines]
+        name = f"{worker_id}'s delivery {run['delivery']} of {run['execution_id']}"
+        if numbers != list(range(len(numbers))):
+            problems.append(f"{name} kept lines {numbers}, not line 0, 1, ... in order")
+        elif lines and len(lines) < shape.print_lines:
+            next_at = lines[-1]["at"] + timedelta(seconds=shape.print_every)
+            if next_at < frozen_at - timedelta(seconds=1):
+                problems.append(f"{name} kept {len(lines)} lines: line {len(lines)}, printed about "
+                                f"{next_at:%H:%M:%S.%f}, more than a second before the worker was "
+                                f"frozen ({frozen_at:%H:%M:%S.%f}), is lost")
+    return len(rows), problems

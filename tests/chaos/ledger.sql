@@ -57,7 +57,7 @@ GROUP BY job_id;
 -- name: running_on_worker_at
 -- What a worker was running at an instant: its RUNNING events before it, with no terminal
 -- or REQUEUED event of the same or a later delivery before it.
-SELECT r.execution_id
+SELECT r.execution_id, r.delivery
 FROM execution_events r
 WHERE r.job_id = ANY($1::text[]) AND r.status = 'RUNNING' AND r.worker_id = $2
   AND r.occurred_at <= $3
@@ -66,6 +66,13 @@ WHERE r.job_id = ANY($1::text[]) AND r.status = 'RUNNING' AND r.worker_id = $2
       WHERE e.execution_id = r.execution_id AND e.delivery >= r.delivery AND e.occurred_at <= $3
         AND e.status IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                          'SKIPPED', 'REQUEUED'));
+
+-- name: kept_log_lines
+-- What a worker's deliveries of these executions printed, as projected.
+SELECT execution_id, delivery, line, at
+FROM execution_logs
+WHERE execution_id = ANY($1::uuid[]) AND worker_id = $2 AND stream = 'stdout'
+ORDER BY execution_id, delivery, seq;
 
 -- name: first_requeue_after
 SELECT execution_id, min(occurred_at) AS requeued_at

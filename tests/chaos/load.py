@@ -6,14 +6,17 @@ that the set of fires is known in advance, computed by the scheduler's own firin
 - `noop` jobs: cheap, inline executions (most of the load);
 - `sleep` jobs of `sleep_seconds`: executions in the handler pool, RUNNING when a
   worker dies;
-- `long` sleep jobs, longer than the workers' drain grace: a drain re-queues them.
+- `long` sleep jobs, longer than the workers' drain grace: a drain re-queues them;
+- `print` jobs (`test.print-lines`, registered with `--import tests.e2e.handlers_for_tests`):
+  eight lines a quarter of a second apart, each with the time it was printed, so that a
+  worker killed mid-run can be held to keeping the lines it had shipped (issue 46).
 Every job is FIRE_ALL: fires found late after an outage are all fired, so the window's
 fires are exactly its grid points, whatever the fault did to the scheduler.
 
-Sizing (2 shared cores, everything on one machine): 14 + 3 + 1 = 18 fires/s by default,
+Sizing (2 shared cores, everything on one machine): 14 + 3 + 1 + 1 = 19 fires/s by default,
 about 10 executions in the pool at any time over two workers of 32 slots, so that a
 surviving worker can take a dead one's share without queueing (harness.WORKER_CONCURRENCY). Override with
-CRONSTREAM_CHAOS_NOOP_JOBS / _SLEEP_JOBS / _LONG_JOBS.
+CRONSTREAM_CHAOS_NOOP_JOBS / _SLEEP_JOBS / _LONG_JOBS / _PRINT_JOBS.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from cronstream.shared.schedule import upcoming
 from cronstream.shared.settings import Settings
 
 _MS = timedelta(milliseconds=1)
+PRINT_HANDLER = "test.print-lines"
+HANDLER_MODULE = "tests.e2e.handlers_for_tests"  # the workers import it (harness.start_system)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -47,16 +52,20 @@ class LoadShape:
     sleep_seconds: float = 2.0
     long_jobs: int = 1
     long_seconds: float = 4.0
+    print_jobs: int = 1
+    print_lines: int = 8
+    print_every: float = 0.25
 
     @classmethod
     def from_env(cls) -> LoadShape:
         return cls(noop_jobs=_env_int("CRONSTREAM_CHAOS_NOOP_JOBS", cls.noop_jobs),
                    sleep_jobs=_env_int("CRONSTREAM_CHAOS_SLEEP_JOBS", cls.sleep_jobs),
-                   long_jobs=_env_int("CRONSTREAM_CHAOS_LONG_JOBS", cls.long_jobs))
+                   long_jobs=_env_int("CRONSTREAM_CHAOS_LONG_JOBS", cls.long_jobs),
+                   print_jobs=_env_int("CRONSTREAM_CHAOS_PRINT_JOBS", cls.print_jobs))
 
     @property
     def fires_per_second(self) -> int:
-        return self.noop_jobs + self.sleep_jobs + self.long_jobs
+        return self.noop_jobs + self.sleep_jobs + self.long_jobs + self.print_jobs
 
     def definitions(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
         window = {"type": "INTERVAL", "interval_seconds": 1, "start_at": start.isoformat(),
@@ -70,6 +79,9 @@ class LoadShape:
         jobs += [{"job_id": f"long-{i:02d}", "handler": "sleep",
                   "params": {"seconds": self.long_seconds}, **window}
                  for i in range(self.long_jobs)]
+        jobs += [{"job_id": f"print-{i:02d}", "handler": PRINT_HANDLER,
+                  "params": {"lines": self.print_lines, "every": self.print_every}, **window}
+                 for i in range(self.print_jobs)]
         return jobs
 
 
