@@ -43,13 +43,13 @@ def test_cluster_refuses_a_min_isr_above_the_replication(tmp_path: Path) -> None
 
 def test_the_windows_fires_are_its_grid_points_inclusive() -> None:
     start = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-    shape = LoadShape(noop_jobs=2, sleep_jobs=1, long_jobs=1)
+    shape = LoadShape(noop_jobs=2, sleep_jobs=1, long_jobs=1, print_jobs=1)
     definitions = shape.definitions(start, start + timedelta(seconds=10))
     fires = expected_fires(definitions)
-    assert len(fires) == 4 * 11, "every job fires at start, each second, and at the end"
+    assert len(fires) == 5 * 11, "every job fires at start, each second, and at the end"
     first = execution_id("noop-00", start, 1)
     assert fires[first].scheduled_at == start
-    assert {f.job_id for f in fires.values()} == {"noop-00", "noop-01", "sleep-00", "long-00"}
+    assert {f.job_id for f in fires.values()} == {"noop-00", "noop-01", "sleep-00", "long-00", "print-00"}
     assert all(d["misfire_policy"] == "FIRE_ALL" for d in definitions)
 
 
