@@ -39,7 +39,9 @@ def test_a_running_execution_logs_live_and_its_failure_shows_the_traceback(
     expect(traceback).to_contain_text("ValueError: region 'eu' is not served")
     expect(traceback).to_contain_text("handlers_for_tests.py")
     assert "child.py" not in traceback.inner_text(), "the worker's own frames are left out"
-    page.wait_for_function("document.body.getAttribute('data-log-ended') === 'true'", timeout=30_000)
+    # An attribute assertion, not wait_for_function: a string predicate is evaluated with
+    # eval, which the dashboard's CSP (script-src 'self') refuses.
+    expect(page.locator("body")).to_have_attribute("data-log-ended", "true", timeout=30_000)
     expect(page.locator("h1 .status")).to_have_text("PERMANENTLY_FAILED")  # the page follows
     assert page.evaluate("window.__sameDocument") is True, "no reload happened"
     assert int(page.get_attribute("body", "data-log-updates") or 0) >= 2
