@@ -34,8 +34,9 @@ from cronstream.shared.topics import Topics
 ENV_PREFIX = "CRONSTREAM_"
 KAFKA_PASSTHROUGH_PREFIX = "CRONSTREAM_KAFKA_"
 # Settings written as comma-separated lists in the environment.
-LIST_SETTINGS = frozenset({"worker_queues", "worker_allow_shell", "ui_allowed_hosts",
-                            "ui_trusted_proxies"})
+LIST_SETTINGS = frozenset({"worker_queues", "ui_allowed_hosts", "ui_trusted_proxies"})
+# ... and one written one entry per line (a shell command's argv may hold commas).
+LINE_LIST_SETTINGS = frozenset({"worker_allow_shell"})
 # The dashboard's tokens: shorter ones are refused at start.
 MIN_TOKEN_LENGTH = 16
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
@@ -68,15 +69,23 @@ def _network(network: str) -> str:
     return network
 
 
-def _executable(executable: str) -> str:
-    if executable == "*" or executable.startswith("-") or any(c.isspace() for c in executable):
-        raise ValueError(f"{executable!r}: name each executable the shell handler may run (a path "
-                         "or a name on the worker's PATH), not a pattern")
-    return executable
+def _shell_entry(entry: str) -> str:
+    """Checked in full where it is used (services/worker/shell.py); a pattern, never."""
+    if entry in ("*", "all") or entry.startswith("-"):
+        raise ValueError(f"{entry!r}: name each command the shell handler may run (NAME=ARGV, "
+                         "or an executable run with no argument), not a pattern")
+    return entry
 
 
 _ITEM_RULES: dict[str, Callable[[str], str]] = {
-    "ui_allowed_hosts": _host, "ui_trusted_proxies": _network, "worker_allow_shell": _executable}
+    "ui_allowed_hosts": _host, "ui_trusted_proxies": _network, "worker_allow_shell": _shell_entry}
+
+
+def from_text(name: str, raw: str) -> Any:
+    """A setting's value as written in the environment or `--set`: lists split."""
+    if name in LIST_SETTINGS:
+        return raw.split(",")
+    return raw.split("\n") if name in LINE_LIST_SETTINGS else raw
 
 
 def default_worker_id() -> str:
@@ -113,8 +122,9 @@ class Settings(BaseModel):
     # worker ships at most this many bytes of logs a second (services/worker/capture.py, logs.py).
     worker_log_limit_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20
     worker_log_rate_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 4 << 20
-    # The executables the built-in `shell` handler may run (`--allow-shell`); empty: the
-    # handler is not registered (services/worker/builtins.py).
+    # The commands the built-in `shell` handler may run (`--allow-shell`): `NAME=ARGV` with
+    # typed placeholders, or executables run with no argument; empty: the handler is not
+    # registered (services/worker/shell.py).
     worker_allow_shell: list[str] = Field(default_factory=list)
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
     # The leader commits the fires of ALLOW jobs up to this long before they are due, and
@@ -220,7 +230,7 @@ class Settings(BaseModel):
                 continue
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw.split(",") if name in LIST_SETTINGS else raw
+                values[name] = from_text(name, raw)
         for key, raw in env.items():
             if key.startswith(KAFKA_PASSTHROUGH_PREFIX) and key != "CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS":
                 prop = key[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", ".")

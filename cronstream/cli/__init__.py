@@ -29,6 +29,7 @@ from cronstream.cli.common import (
     setting_assignments,
     stdout_closed,
 )
+from cronstream.cli.output import emit
 
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = cli.main(args=argv, prog_name="cronstream", standalone_mode=False)
         except click.exceptions.Abort:
-            click.echo("aborted", err=True)
+            emit("aborted", err=True)
             return 130
         except click.ClickException as exc:
             exc.show()

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cronstream.client import Client
 from cronstream.errors import CronstreamError, NotFoundError, UnavailableError
-from cronstream.shared.settings import ENV_PREFIX, LIST_SETTINGS, Settings, SettingsError
+from cronstream.shared.settings import ENV_PREFIX, Settings, SettingsError, from_text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -59,7 +59,7 @@ def setting_assignments(items: tuple[str, ...]) -> dict[str, Any]:
                 f"{item!r}: expected NAME=VALUE with NAME a setting; {hint}"
                 f"settings: {', '.join(settable)} (Kafka properties: --kafka-config)",
                 param_hint="--set")
-        found[key] = value.split(",") if key in LIST_SETTINGS else value
+        found[key] = from_text(key, value)
     return found
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import click
 from click.shell_completion import get_completion_class
 
+from cronstream.cli.output import emit
+
 PROG = "cronstream"
 COMPLETE_VAR = "_CRONSTREAM_COMPLETE"
 
@@ -28,7 +30,7 @@ def completion(ctx: click.Context, shell: str) -> None:
     root = ctx.find_root().command
     completer = get_completion_class(shell)
     assert completer is not None  # the three choices are click's built-ins
-    click.echo(completer(root, {}, PROG, COMPLETE_VAR).source())
+    emit(completer(root, {}, PROG, COMPLETE_VAR).source())
 
 
 COMMANDS = [completion]

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.infra_cmds import initialise
+from cronstream.cli.output import emit
 from cronstream.cli.view_cmds import fetch, runs_table
 from cronstream.client import Client, load_definitions
 from cronstream.infra import Infra
@@ -103,7 +104,7 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
     folder = _examples_dir(examples)
     definitions = [d for f in sorted(folder.glob("*.yaml")) for d in load_definitions(f)]
     infra = Infra.from_settings(settings)
-    started = infra.up(click.echo)
+    started = infra.up(emit)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     log_dir = Path(os.environ.get("CRONSTREAM_DEV_LOGS", ".cronstream-dev"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -121,12 +122,12 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
         _start_services(procs, folder, env, log_dir, n_workers)
         with Client(settings) as client:
             client.apply(definitions)
-        click.echo(f"applied {len(definitions)} example job(s) from {folder}; "
+        emit(f"applied {len(definitions)} example job(s) from {folder}; "
                    f"service logs in {log_dir}/; Ctrl-C stops everything")
         ports = _ports(procs, log_dir)
-        click.echo(f"dashboard: http://127.0.0.1:{ports['ui'] or SERVICE_PORTS['ui']}/ (cronstream "
+        emit(f"dashboard: http://127.0.0.1:{ports['ui'] or SERVICE_PORTS['ui']}/ (cronstream "
                    "ui; read-only unless CRONSTREAM_UI_TOKEN is set)")
-        click.echo("metrics and probes: " + ", ".join(
+        emit("metrics and probes: " + ", ".join(
             f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()
             if name != "ui" and port is not None))
         if no_view:
@@ -145,12 +146,12 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
                         live.update(Group(header, Text(f"waiting for the monitor: {exc}")))
                     time.sleep(1)
     except KeyboardInterrupt:
-        click.echo("stopping ...")
+        emit("stopping ...")
     finally:
         stop_all(procs)
-        infra.down(click.echo, only=started)
+        infra.down(emit, only=started)
         codes = {n: p.returncode for n, p in procs.items()}
-        click.echo("stopped: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
+        emit("stopped: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
 
 
 COMMANDS = [dev]

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.output import emit
 from cronstream.infra import Infra
 from cronstream.shared import db_roles
 from cronstream.shared.db import apply_migrations, connect
@@ -28,7 +29,7 @@ def infra() -> None:
 def up(state: CliState, record: str | None) -> None:
     """Start Kafka and PostgreSQL unless something answers at their addresses; wait
     until both accept connections."""
-    started = Infra.from_settings(state.settings()).up(click.echo)
+    started = Infra.from_settings(state.settings()).up(emit)
     if record:
         Path(record).write_text("\n".join(started))
 
@@ -43,14 +44,14 @@ def down(state: CliState, recorded: str | None) -> None:
     if recorded:
         path = Path(recorded)
         only = path.read_text().split() if path.exists() else []
-    Infra.from_settings(state.settings()).down(click.echo, only=only)
+    Infra.from_settings(state.settings()).down(emit, only=only)
 
 
 @infra.command()
 @pass_state
 def status(state: CliState) -> None:
     """Whether each server answers and whether cronstream started it."""
-    click.echo(json.dumps(Infra.from_settings(state.settings()).status(), indent=2))
+    emit(json.dumps(Infra.from_settings(state.settings()).status(), indent=2))
 
 
 def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | None = None,
@@ -60,7 +61,7 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
     if topics:
         created = ensure_topics(settings, settings.topics.specs())
         if echo:
-            click.echo(f"topics: {len(created)} created" + (f" ({', '.join(created)})" if created
+            emit(f"topics: {len(created)} created" + (f" ({', '.join(created)})" if created
                                                             else ", all present"))
 
     async def migrate() -> list[str]:
@@ -70,7 +71,7 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
                 return await apply_migrations(conn)
             made = await db_roles.create_roles(conn, roles)
             if echo:
-                click.echo(f"roles: {', '.join(made) + ' created' if made else 'all present'}"
+                emit(f"roles: {', '.join(made) + ' created' if made else 'all present'}"
                            + (f"; passwords set for {', '.join(sorted(roles))}" if roles else ""))
             return await db_roles.migrate_as_owner(conn)
         finally:
@@ -78,7 +79,7 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
 
     applied = asyncio.run(migrate())
     if echo:
-        click.echo(f"migrations: {', '.join(applied) if applied else 'up to date'}")
+        emit(f"migrations: {', '.join(applied) if applied else 'up to date'}")
 
 
 @click.command()

@@ -15,8 +15,7 @@ from typing import Any
 import click
 
 from cronstream.cli.common import CliState, pass_state
-from cronstream.cli.logs_cmd import escaped
-from cronstream.cli.output import Column, ago, emit, plain, plain_table, show, show_one
+from cronstream.cli.output import Column, ago, cell_text, emit, plain, plain_table, show, show_one
 from cronstream.client import Client
 from cronstream.definitions import document
 from cronstream.errors import NotFoundError
@@ -86,7 +85,7 @@ def describe() -> None:
 
 
 def _field(name: str, value: Any) -> None:
-    emit(f"{name + ':':<16}{value}")
+    emit(f"{name + ':':<16}{cell_text(value)}")
 
 
 def _when(t: datetime | None) -> str:
@@ -172,7 +171,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     if not recent:
         emit("  none")
     else:
-        cells = [[str(c.cell(r)) if c.cell(r) is not None else "-" for c in RECENT]
+        cells = [[cell_text(c.cell(r)) for c in RECENT]
                  for r in (plain(e.to_dict()) for e in recent)]
         emit("\n".join("  " + line for line in
                        plain_table([c.header.upper() for c in RECENT], cells).splitlines()))
@@ -220,7 +219,7 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
                   if log_state["lines"] else "none (the handler wrote nothing)")
     if traceback:
         emit("Traceback:")
-        emit("\n".join("  " + line for line in escaped(traceback[0]["line"]).splitlines()))
+        emit("\n".join("  " + line for line in traceback[0]["line"].splitlines()))
     emit("Events:")
     for ev in timeline:
         detail = ev["error_message"] or ev["progress_message"] or (

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.output import emit
 from cronstream.cli.run_params import given_params, params_options
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client, client_identity
@@ -52,7 +53,7 @@ def apply(state: CliState, paths: tuple[str, ...], dry_run: bool) -> None:
         except DefinitionError as exc:
             raise click.ClickException(f"nothing was sent:\n{exc}") from None
     for job_id in ids:
-        click.echo(f"applied {job_id}")
+        emit(f"applied {job_id}")
 
 
 def _diff(definitions: list[JobDefinition], live: dict[str, JobDefinition]) -> None:
@@ -69,14 +70,14 @@ def _diff(definitions: list[JobDefinition], live: dict[str, JobDefinition]) -> N
         old = without_stamps(document(current), unless_in=new) if current is not None else None
         if old == new:
             counts["unchanged"] += 1
-            click.echo(f"{definition.job_id}: unchanged")
+            emit(f"{definition.job_id}: unchanged")
             continue
         counts["create" if old is None else "change"] += 1
-        click.echo(f"{definition.job_id}: " + ("would be created" if old is None else "would change"))
+        emit(f"{definition.job_id}: " + ("would be created" if old is None else "would change"))
         for line in document_diff(old, new, f"live/{definition.job_id}",
                                   f"applied/{definition.job_id}"):
-            click.echo(line)
-    click.echo(f"dry run: {counts['create']} to create, {counts['change']} to change, "
+            emit(line)
+    emit(f"dry run: {counts['create']} to create, {counts['change']} to change, "
                f"{counts['unchanged']} unchanged; nothing sent")
 
 
@@ -87,7 +88,7 @@ def delete(state: CliState, job_id: str) -> None:
     """Delete a job (a tombstone on job-definitions)."""
     with Client(state.settings()) as client:
         client.delete(job_id)
-    click.echo(f"deleted {job_id}")
+    emit(f"deleted {job_id}")
 
 
 @click.command()
@@ -97,7 +98,7 @@ def pause(state: CliState, job_id: str) -> None:
     """Stop firing a job until `resume` (fires meanwhile are skipped, not caught up)."""
     with state.client() as client:
         client.pause(job_id)
-    click.echo(f"paused {job_id}")
+    emit(f"paused {job_id}")
 
 
 @click.command()
@@ -107,7 +108,7 @@ def resume(state: CliState, job_id: str) -> None:
     """Fire a paused job again, from now on."""
     with state.client() as client:
         client.resume(job_id)
-    click.echo(f"resumed {job_id}")
+    emit(f"resumed {job_id}")
 
 
 @click.command()
@@ -123,7 +124,7 @@ def trigger(state: CliState, job_id: str, params: tuple[str, ...], params_file: 
             execution = client.trigger(job_id, params=overrides)
         except ParamsError as exc:
             raise click.BadParameter(str(exc), param_hint="'--param' / '--params-file'") from None
-    click.echo(f"triggered {job_id}: execution {execution}")
+    emit(f"triggered {job_id}: execution {execution}")
 
 
 def _parse_time(value: str | None) -> datetime:
@@ -147,9 +148,9 @@ def preview(paths: tuple[str, ...], start: str | None, count: int) -> None:
     by the scheduler's own code."""
     after = _parse_time(start)
     for definition in _load(paths):
-        click.echo(f"{definition.job_id} ({definition.type}, {definition.timezone}):")
+        emit(f"{definition.job_id} ({definition.type}, {definition.timezone}):")
         if definition.type == "DEPENDENT":
-            click.echo("  runs when its upstreams finish: " + ", ".join(definition.depends_on))
+            emit("  runs when its upstreams finish: " + ", ".join(definition.depends_on))
             continue
         if definition.type == "ONE_TIME":
             first = first_fire(definition, after, None)
@@ -157,10 +158,10 @@ def preview(paths: tuple[str, ...], start: str | None, count: int) -> None:
         else:
             fires = upcoming(definition, after, count)
         if not fires:
-            click.echo("  no fires")
+            emit("  no fires")
         for fire in fires:
             local = fire.astimezone(definition.zone)
-            click.echo(f"  {fire.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z  "
+            emit(f"  {fire.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z  "
                        f"{local.isoformat(timespec='seconds')} {local.tzname()}")
 
 
@@ -195,19 +196,19 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
                                        f"raise --max")
         existing = {r["scheduled_at"] for r in fetch(settings, "executions_at", job_id, fires)}
         missing = [f for f in fires if f not in existing]
-        click.echo(f"{job_id}: {len(fires)} fire(s) in range, {len(existing)} already ran, "
+        emit(f"{job_id}: {len(fires)} fire(s) in range, {len(existing)} already ran, "
                    f"{len(missing)} to backfill" + (" (dry run)" if dry_run else ""))
         who = client_identity()
         for fire in missing:
             if dry_run:
-                click.echo(f"  would run {fire.isoformat()}")
+                emit(f"  would run {fire.isoformat()}")
                 continue
             try:
                 execution = client.submit(definition, fire, "BACKFILL", params=overrides,
                                           triggered_by=who, definition_offset=offset)
             except ParamsError as exc:
                 raise click.BadParameter(str(exc), param_hint="'--param' / '--params-file'") from None
-            click.echo(f"  {fire.isoformat()}  execution {execution}")
+            emit(f"  {fire.isoformat()}  execution {execution}")
 
 
 @click.command()
@@ -232,7 +233,7 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
         target = retry_execution_id(row["job_id"], row["run_id"], attempt)
         with Client(settings) as client:
             client.cancel_pending_retry(target, job_id=row["job_id"], reason=reason)
-        click.echo(f"cancelled the pending retry (attempt {attempt}, execution {target}) "
+        emit(f"cancelled the pending retry (attempt {attempt}, execution {target}) "
                    f"of {execution_id}")
         return
     if row is not None and row["status"] in TERMINAL:
@@ -240,7 +241,7 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
     with Client(settings) as client:
         client.cancel(target, reason, job_id=job_id)
     state_text = row["status"] if row is not None else "not yet projected"
-    click.echo(f"cancel sent for {execution_id} (was {state_text})")
+    emit(f"cancel sent for {execution_id} (was {state_text})")
 
 
 @click.command()
@@ -264,7 +265,7 @@ def reject(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
 def _decide(state: CliState, kind: CommandKind, execution_id: uuid.UUID, reason: str | None) -> None:
     with Client(state.settings()) as client:
         client.command(kind, execution_id, reason)
-    click.echo(f"{kind.lower()} sent for {execution_id}")
+    emit(f"{kind.lower()} sent for {execution_id}")
 
 
 COMMANDS = [apply, delete, pause, resume, trigger, preview, backfill, cancel, approve, reject]

@@ -102,7 +102,7 @@ def kafka_acls(state: CliState, overrides: tuple[str, ...], principal_prefix: st
     bindings = acls(state.settings().topics, names)
     if apply_them:
         count = apply(state, bindings)
-        click.echo(f"{count} ACL bindings applied for {', '.join(names)}", err=True)
+        emit(f"{count} ACL bindings applied for {', '.join(names)}", err=True)
         return
     rows = [a.as_row() for a in bindings]
     if fmt == "commands":

@@ -9,7 +9,6 @@ a log is data, and never drives the terminal it is read on.
 
 from __future__ import annotations
 
-import re
 import signal
 import uuid
 from typing import Any
@@ -17,16 +16,8 @@ from typing import Any
 import click
 
 from cronstream.cli.common import CliState, pass_state
-from cronstream.cli.output import dump_json
+from cronstream.cli.output import dump_json, emit
 from cronstream.executions import LogEntry
-
-# C0 and C1 control characters but tab and newline, and DEL.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def escaped(text: str) -> str:
-    """`text` with every control character but tab and newline written as an escape."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def render(line: LogEntry, fmt: str) -> str:
@@ -36,7 +27,7 @@ def render(line: LogEntry, fmt: str) -> str:
                           "attempt": line.attempt_number, "delivery": line.delivery,
                           "seq": line.seq, "text": line.text, "worker_id": line.worker_id,
                           "trace_id": line.trace_id}, lines=True)
-    return escaped(line.text)
+    return line.text
 
 
 class _Stop(Exception):
@@ -65,7 +56,7 @@ def logs(state: CliState, execution_id: uuid.UUID, attempt: int | None, follow: 
             lines = (client.follow_logs(execution_id, attempt=attempt) if follow
                      else client.logs(execution_id, attempt=attempt))
             for line in lines:
-                click.echo(render(line, fmt))
+                emit(render(line, fmt))
     except (KeyboardInterrupt, _Stop):
         pass
     finally:

@@ -8,11 +8,19 @@
 - With `--watch`, a list is read again every `--interval` seconds: on a terminal the table
   is redrawn in place; otherwise each row that is new or changed is printed again (JSON
   lines for `-o json`, YAML documents for `-o yaml`), like `kubectl get -w`.
+
+Everything a command prints goes through `emit` or `show` here: text a handler or a record
+controls (an error message, a job's name, `created_by`, a log line) is data, and never
+drives the terminal it is read on (`escaped`): control characters — ESC and so CSI and
+OSC sequences, BEL, CR, the C1 range — and the Unicode line and bidirectional controls
+are written as escapes, and table cells reach Rich as text, never as markup
+(tests/security/test_terminal_output.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -26,6 +34,7 @@ from uuid import UUID
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cronstream.versions import to_yaml
 
@@ -38,6 +47,34 @@ STATUS_STYLE = {
     "SKIPPED": "dim", "AWAITING_APPROVAL": "bold yellow", "FIRING": "bold red",
     "RESOLVED": "green", "OFFLINE": "dim", "DRAINING": "yellow", "ACTIVE": "green",
 }
+
+
+# C0 controls but tab and newline, DEL, C1 (U+0080-U+009F: 0x9B is CSI, 0x9D OSC on some
+# terminals), and the invisible Unicode controls that reorder or hide text: the Arabic
+# letter mark, zero-width and directional marks, line and paragraph separators, the
+# bidirectional embeddings, overrides and isolates (Trojan Source), the BOM.
+_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+_UNSAFE = re.compile(f"[{_CONTROLS}]")
+_UNSAFE_IN_A_LINE = re.compile(f"[\t\n{_CONTROLS}]")
+# What JSON's own encoder leaves raw (it escapes U+0000-U+001F itself).
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def escaped(text: str, *, one_line: bool = False) -> str:
+    """`text` with every control character written as an escape (`\\x1b`, `\\u202e`): safe
+    to print on a terminal. Tabs and newlines stay, unless `one_line` (a table cell)."""
+    return (_UNSAFE_IN_A_LINE if one_line else _UNSAFE).sub(_escape, text)
+
+
+def cell(value: Any, style: str | None = None) -> Text:
+    """A value for a Rich table: escaped text, never read as markup (`[link=...]`)."""
+    return Text(cell_text(value), style=style or "")
 
 
 def output_option(default: str = "table", choices: Sequence[str] = FORMATS) -> Callable[..., Any]:
@@ -92,23 +129,27 @@ class Column:
     style_by_value: bool = False
 
 
-def _text(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return escaped(str(value), one_line=True)
 
 
-def emit(text: str) -> None:
-    click.echo(text)
+def emit(text: str, *, err: bool = False) -> None:
+    """The one way a command prints a line: escaped (tabs and newlines kept)."""
+    click.echo(escaped(text), err=err)
 
 
 def dump_json(data: Any, *, lines: bool = False) -> str:
-    return json.dumps(plain(data), separators=(",", ":") if lines else None,
+    """JSON whose strings carry their control characters as `\\u` escapes: the same data,
+    and nothing in it a terminal acts on."""
+    text = json.dumps(plain(data), separators=(",", ":") if lines else None,
                       indent=None if lines else 2, ensure_ascii=False, default=str)
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def dump_yaml(data: Any) -> str:
@@ -122,14 +163,14 @@ def is_terminal() -> bool:
 def table(rows: Sequence[Row], columns: Sequence[Column], fmt: str, title: str | None = None,
           ) -> Table | str:
     shown = [c for c in columns if fmt == "wide" or not c.wide_only]
-    cells = [[_text(c.cell(r)) for c in shown] for r in rows]
+    cells = [[cell_text(c.cell(r)) for c in shown] for r in rows]
     if not is_terminal():
         return plain_table([c.header.upper() for c in shown], cells)
-    out = Table(title=title)
+    out = Table(title=None if title is None else Text(escaped(title, one_line=True)))
     for column in shown:
         out.add_column(column.header, overflow="fold")
     for row in cells:
-        out.add_row(*(f"[{STATUS_STYLE[v]}]{v}[/]" if c.style_by_value and v in STATUS_STYLE else v
+        out.add_row(*(Text(v, style=STATUS_STYLE[v] if c.style_by_value and v in STATUS_STYLE else "")
                       for c, v in zip(shown, row, strict=True)))
     return out
 
@@ -212,7 +253,7 @@ def _watch_changes(read: Callable[[], list[Row]], key: Callable[[Row], Any],
         elif changed and fmt == "yaml":
             emit("\n".join("---\n" + dump_yaml(r).rstrip("\n") for r in changed))
         elif changed:
-            cells = [[_text(c.cell(r)) for c in shown] for r in changed]
+            cells = [[cell_text(c.cell(r)) for c in shown] for r in changed]
             headers = [c.header.upper() for c in shown]
             if widths is None:  # the first listing sets the column widths, like kubectl -w
                 widths = [max([len(h), *(len(r[i]) for r in cells)]) + 2 for i, h in enumerate(headers)]

@@ -11,6 +11,7 @@ import asyncpg
 import click
 
 from cronstream.cli.common import CliState, pass_state
+from cronstream.cli.output import emit
 from cronstream.services.monitor import retention
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -75,7 +76,7 @@ def prune(state: CliState, older_than: timedelta, batch: int | None, dry_run: bo
     counts = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
-    click.echo(f"{verb} (older than {cutoff.isoformat(timespec='seconds')}): {shown}")
+    emit(f"{verb} (older than {cutoff.isoformat(timespec='seconds')}): {shown}")
 
 
 COMMANDS = [prune]

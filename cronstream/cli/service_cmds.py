@@ -70,9 +70,11 @@ def dispatcher(state: CliState, instance_id: str | None, http_port: int | None,
 @click.option("--import", "imports", multiple=True, metavar="MODULE",
               help="Module that registers handlers with @handler (repeatable).")
 @click.option("--allow-shell", "allow_shell", multiple=True, is_flag=False, flag_value="",
-              metavar="EXECUTABLE[,...]",
-              help="Enable the built-in `shell` handler for these executables only (paths, or "
-                   "names on PATH; repeatable) [CRONSTREAM_WORKER_ALLOW_SHELL].")
+              metavar="'NAME=ARGV' | EXECUTABLE[,...]",
+              help="Enable the built-in `shell` handler for this command only: NAME=ARGV, the "
+                   "argv with typed placeholders ({db:word}, {n:int}, {msg:text}, {fmt:csv|pdf}) "
+                   "that a job's params.args fill; or executables run with no argument. "
+                   "Repeatable [CRONSTREAM_WORKER_ALLOW_SHELL, one entry per line].")
 @http_options("worker")
 @pass_state
 def worker(state: CliState, worker_id: str | None, concurrency: int | None, queues: str | None,
@@ -80,7 +82,7 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
            http_bind: str | None) -> None:
     """Run a worker for the given queues."""
     from cronstream.handlers import REGISTRY
-    from cronstream.services.worker import builtins
+    from cronstream.services.worker import builtins, shell
     from cronstream.services.worker.pool import PoolRunner
     from cronstream.services.worker.service import WorkerService
 
@@ -92,18 +94,22 @@ def worker(state: CliState, worker_id: str | None, concurrency: int | None, queu
                                      param_hint="--import") from None
     if "" in allow_shell:
         raise click.BadParameter(
-            "name the executables the shell handler may run, e.g. --allow-shell "
-            "/usr/bin/pg_dump,rsync (any command at all is no longer an option)",
-            param_hint="--allow-shell")
-    executables = [e for given in allow_shell for e in given.split(",") if e.strip()]
+            "name the commands the shell handler may run, e.g. --allow-shell "
+            "'backup=/usr/local/bin/backup --db {db:word}' (any command at all is no longer "
+            "an option)", param_hint="--allow-shell")
     settings = state.settings(
         worker_id=worker_id, worker_concurrency=concurrency,
         worker_queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
-        worker_allow_shell=executables or None, http_port=http_port, http_bind=http_bind,
+        worker_allow_shell=[e for e in allow_shell if e.strip()] or None, http_port=http_port,
+        http_bind=http_bind,
     )
-    builtins.enable_shell(settings.worker_allow_shell)
-    # The handler processes inherit this environment: the list they run with.
-    os.environ[builtins.ALLOW_SHELL_ENV] = ",".join(settings.worker_allow_shell)
+    del builtins  # imported for what it registers: noop, sleep, fail
+    try:
+        shell.enable(settings.worker_allow_shell)
+    except shell.ShellConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allow-shell") from None
+    # The handler processes inherit this environment: the commands they run with.
+    os.environ[shell.ALLOW_SHELL_ENV] = "\n".join(settings.worker_allow_shell)
     runner = PoolRunner(REGISTRY, settings.worker_concurrency, list(imports),
                         bool(settings.worker_allow_shell),
                         log_limit=settings.worker_log_limit_bytes)

@@ -21,7 +21,9 @@ from cronstream.cli.output import (
     Column,
     Row,
     ago,
+    cell,
     dump_json,
+    emit,
     output_option,
     plain,
     show,
@@ -69,9 +71,9 @@ def runs_table(rows: list[asyncpg.Record]) -> Table:
             progress = f"{r['progress']:.0f}%"
         detail = r["error_message"] or r["progress_message"] or ""
         table.add_row(
-            r["job_id"], f"[{STATUS_STYLE.get(status, '')}]{status}[/]", str(r["attempt_number"]),
-            r["scheduled_at"].strftime("%H:%M:%S.%f")[:-3], r["worker_id"] or "-", progress,
-            detail[:80],
+            cell(r["job_id"]), cell(status, STATUS_STYLE.get(status)), str(r["attempt_number"]),
+            r["scheduled_at"].strftime("%H:%M:%S.%f")[:-3], cell(r["worker_id"]), progress,
+            cell(detail[:80]),
         )
     return table
 
@@ -287,17 +289,17 @@ def tail(state: CliState, job_id: str | None, from_beginning: bool, count: int |
                     event = ExecutionEvent.model_validate_json(msg.value() or b"")
                 except ValueError:
                     if fmt == "text" and not as_json:
-                        click.echo(f"(undecodable record at {msg.partition()}:{msg.offset()})")
+                        emit(f"(undecodable record at {msg.partition()}:{msg.offset()})")
                     continue
                 if job_id and event.job_id != job_id:
                     continue
                 seen += 1
                 if fmt == "json" or as_json:
-                    click.echo(dump_json(json.loads(event.to_json()), lines=True))
+                    emit(dump_json(json.loads(event.to_json()), lines=True))
                 else:
                     extra = event.error_message or (
                         f"{event.progress:.0f}%" if event.progress is not None else "")
-                    click.echo(f"{event.occurred_at:%H:%M:%S.%f}"[:-3] + f" {event.job_id} "
+                    emit(f"{event.occurred_at:%H:%M:%S.%f}"[:-3] + f" {event.job_id} "
                                f"{event.status} attempt={event.attempt_number} "
                                f"execution={event.execution_id} {extra}".rstrip())
                 if count is not None and seen >= count:

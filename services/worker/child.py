@@ -134,11 +134,13 @@ def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_
         # (each child waking in the worker's place stalled its event loop for a time slice).
         # Fair share is unchanged.
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    builtins = importlib.import_module(BUILTINS)
+    importlib.import_module(BUILTINS)
     for module in imports:
         importlib.import_module(module)
     if allow_shell:
-        builtins.enable_shell()
+        from cronstream.services.worker import shell
+
+        shell.enable()  # the worker's commands, from the environment it exported
     watch = _Cancels(cancels)
     threading.Thread(target=watch.read, daemon=True, name="pool-cancels").start()
     fd = conn.fileno()

@@ -6,7 +6,7 @@ the topics as the `init` principal (and the PostgreSQL roles), the scheduler, di
 worker, monitor (as the database's writer), analytics and the dashboard (as its reader)
 run each under its own principal, a job published by the CLI's principal runs to
 COMPLETED, the dashboard's trigger runs it again, and a worker's `shell` handler runs
-only the executables of its `--allow-shell`. No process is refused anything on the way.
+only the commands of its `--allow-shell`, never an argv a record wrote. No process is refused anything on the way.
 Then every principal tries to write every topic: exactly its footprint's writes succeed
 (a worker cannot publish a job definition, the dashboard cannot write an execution
 event, ...), and a principal cannot take another's transactional id or consumer group.
@@ -82,7 +82,7 @@ def start_each_as_itself(procs: Processes, broker: SaslBroker, settings: Setting
                                                      "CRONSTREAM_DATABASE_URL": writer}),
         "dispatcher": procs.start("dispatcher", extra_env=broker.env("dispatcher")),
         "scheduler": procs.start("scheduler", "--instance-id", "s1", extra_env=broker.env("scheduler")),
-        "worker": procs.start("worker", "--worker-id", "w1", "--allow-shell", "echo",
+        "worker": procs.start("worker", "--worker-id", "w1", "--allow-shell", "say=echo {msg:word}",
                               extra_env=broker.env("worker")),
         "analytics": procs.start("analytics", extra_env=broker.env("analytics")),
         "ui": procs.start("ui", extra_env={**broker.env("ui"), "CRONSTREAM_DATABASE_URL": reader,
@@ -121,7 +121,7 @@ def test_every_part_runs_under_its_own_principal_and_nothing_more(
         jobs = [{"job_id": "hello", "type": "ONE_TIME", "run_at": now, "handler": "noop",
                  "params": {"from": "the cli principal"}},
                 {"job_id": "echo-allowed", "type": "ONE_TIME", "run_at": now, "handler": "shell",
-                 "params": {"command": ["echo", "allowed"]}},
+                 "params": {"command": "say", "args": {"msg": "allowed"}}},
                 {"job_id": "shell-refused", "type": "ONE_TIME", "run_at": now, "handler": "shell",
                  "params": {"command": ["sh", "-c", "echo pwned"]}}]
         (tmp_path / "jobs.json").write_text(json.dumps(jobs))
@@ -139,7 +139,7 @@ def test_every_part_runs_under_its_own_principal_and_nothing_more(
         assert echo["status"] == "COMPLETED" and json.loads(echo["result"])["stdout"] == "allowed\n"
         (shell,) = eventually(lambda: finished("shell-refused"), 30, message="sh finished")
         assert shell["status"] != "COMPLETED"
-        assert "not an executable this worker allows" in shell["error_message"]
+        assert "an argv list is not accepted" in shell["error_message"]
 
         # The dashboard, as its own principal and the database's reader, runs it again.
         base = f"http://127.0.0.1:{started['ui'].http_port()}"
