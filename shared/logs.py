@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+from cronstream.shared.escaping import CONTROL, escaped, json_escaped
+
 _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {
     "message",
     "asctime",
@@ -33,10 +35,15 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more chars)"
 
 
+def _quoted(text: str) -> str:
+    # A record's text reaches an operator's terminal through `kubectl logs`: escaped.
+    return '"' + escaped(text.replace("\\", "\\\\").replace('"', '\\"'), one_line=True) + '"'
+
+
 def _quote(value: Any) -> str:
     text = _cut(str(value), MAX_VALUE)
-    if text == "" or any(c in text for c in ' ="\n\t'):
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if text == "" or any(c in text for c in ' ="') or CONTROL.search(text):
+        return _quoted(text)
     return text
 
 
@@ -63,8 +70,7 @@ class LogfmtFormatter(logging.Formatter):
             parts.append(f"msg={_quote(message)}")
         if record.exc_info:
             trace = _cut(self.formatException(record.exc_info), MAX_TRACEBACK)
-            parts.append("error=" + '"' + trace.replace("\\", "\\\\").replace('"', '\\"')
-                         .replace("\n", "\\n") + '"')
+            parts.append("error=" + _quoted(trace))
         return " ".join(parts)
 
 
@@ -91,7 +97,7 @@ class JsonFormatter(logging.Formatter):
             line["msg"] = _cut(message, MAX_VALUE)
         if record.exc_info:
             line["error"] = _cut(self.formatException(record.exc_info), MAX_TRACEBACK)
-        return json.dumps(line, ensure_ascii=False)
+        return json_escaped(json.dumps(line, ensure_ascii=False))
 
 
 def configure(service: str, level: str = "INFO", format: str = "logfmt") -> None:

@@ -57,6 +57,7 @@ from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
 from cronstream.shared.cron import CronError, parse_cron
+from cronstream.shared.escaping import CONTROL
 from cronstream.shared.ids import (
     execution_id,
     idempotency_key,
@@ -296,6 +297,16 @@ class JobDefinition(Record):
     created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
     created_at: UtcDatetime | None = None
     alerts: JobAlerts | None = None
+
+    @field_validator("created_by")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # Whoever publishes writes it (a claim, not an identity): printed by history and
+        # describe, so it never carries what a terminal would act on.
+        if value is not None and CONTROL.search(value):
+            raise ValueError("printable text without control characters (a user name or an "
+                             f"email address), got {value[:64]!r}")
+        return value
 
     @field_validator("timezone")
     @classmethod

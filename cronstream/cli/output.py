@@ -11,16 +11,14 @@
 
 Everything a command prints goes through `emit` or `show` here: text a handler or a record
 controls (an error message, a job's name, `created_by`, a log line) is data, and never
-drives the terminal it is read on (`escaped`): control characters — ESC and so CSI and
-OSC sequences, BEL, CR, the C1 range — and the Unicode line and bidirectional controls
-are written as escapes, and table cells reach Rich as text, never as markup
+drives the terminal it is read on: its control characters are written as escapes
+(shared/escaping.py), and table cells reach Rich as text, never as markup
 (tests/security/test_terminal_output.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import time
@@ -36,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cronstream.shared.escaping import escaped, json_escaped
 from cronstream.versions import to_yaml
 
 FORMATS = ("table", "wide", "json", "yaml")
@@ -47,29 +46,6 @@ STATUS_STYLE = {
     "SKIPPED": "dim", "AWAITING_APPROVAL": "bold yellow", "FIRING": "bold red",
     "RESOLVED": "green", "OFFLINE": "dim", "DRAINING": "yellow", "ACTIVE": "green",
 }
-
-
-# C0 controls but tab and newline, DEL, C1 (U+0080-U+009F: 0x9B is CSI, 0x9D OSC on some
-# terminals), and the invisible Unicode controls that reorder or hide text: the Arabic
-# letter mark, zero-width and directional marks, line and paragraph separators, the
-# bidirectional embeddings, overrides and isolates (Trojan Source), the BOM.
-_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
-_UNSAFE = re.compile(f"[{_CONTROLS}]")
-_UNSAFE_IN_A_LINE = re.compile(f"[\t\n{_CONTROLS}]")
-# What JSON's own encoder leaves raw (it escapes U+0000-U+001F itself).
-_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    c = match.group()
-    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-
-
-def escaped(text: str, *, one_line: bool = False) -> str:
-    """`text` with every control character written as an escape (`\\x1b`, `\\u202e`): safe
-    to print on a terminal. Tabs and newlines stay, unless `one_line` (a table cell)."""
-    return (_UNSAFE_IN_A_LINE if one_line else _UNSAFE).sub(_escape, text)
 
 
 def cell(value: Any, style: str | None = None) -> Text:
@@ -149,7 +125,7 @@ def dump_json(data: Any, *, lines: bool = False) -> str:
     and nothing in it a terminal acts on."""
     text = json.dumps(plain(data), separators=(",", ":") if lines else None,
                       indent=None if lines else 2, ensure_ascii=False, default=str)
-    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return json_escaped(text)
 
 
 def dump_yaml(data: Any) -> str:

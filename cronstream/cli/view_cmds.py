@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,7 +57,7 @@ def fetch(settings: Settings, name: str, *args: Any, timeout: float = 10.0) -> l
     return asyncio.run(run())
 
 
-def runs_table(rows: list[asyncpg.Record]) -> Table:
+def runs_table(rows: Sequence[Any]) -> Table:
     """The live view of `cronstream dev`: progress bars for running executions."""
     table = Table(title="executions", expand=True)
     for column in ("job", "status", "attempt", "scheduled", "worker", "progress", "detail"):

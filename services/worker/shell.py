@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from cronstream.handlers import REGISTRY, Context, NonRetryableError
+from cronstream.shared.escaping import CONTROL
 
 # How the handler processes learn the worker's commands: they inherit this variable from
 # the worker (the CLI exports the entries it checked), one entry per line.
@@ -75,7 +76,6 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][^{}]*)\}")
 _PLACEHOLDER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=][A-Za-z0-9_.,:@%+=-]{0,127}$")
 _INT = re.compile(r"^(0|[1-9][0-9]{0,17})$")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 TEXT_LIMIT = 1024
 
 
@@ -107,7 +107,7 @@ class Placeholder:
                 raise NonRetryableError(
                     f"{field}: a word (1-128 letters, digits, _ . , : @ % + = -; not starting with "
                     f"-, no / or space), got {_shown(value)}")
-        elif not value or len(value) > TEXT_LIMIT or value.startswith("-") or _CONTROL.search(value):
+        elif not value or len(value) > TEXT_LIMIT or value.startswith("-") or CONTROL.search(value):
             raise NonRetryableError(f"{field}: 1-{TEXT_LIMIT} printable characters not starting "
                                     f"with -, got {_shown(value)}")
         return value
@@ -159,7 +159,7 @@ def _placeholder(spec: str, entry: str) -> Placeholder:
         raise ShellConfigError(f"{entry!r}: placeholder {{{spec}}} needs a name (letters, digits, _)")
     if "|" in kind:
         choices = tuple(kind.split("|"))
-        if not all(choices) or any(c.startswith("-") or _CONTROL.search(c) for c in choices):
+        if not all(choices) or any(c.startswith("-") or CONTROL.search(c) for c in choices):
             raise ShellConfigError(f"{entry!r}: placeholder {{{spec}}}: empty choice, or one "
                                    "starting with -")
         return Placeholder(name, "choice", choices)

@@ -322,3 +322,22 @@ def test_a_database_session_that_ends_mid_batch_resyncs_the_projection(error: Ex
     offsets = asyncio.run(monitor._project_patiently(MonitorBatch()))
     assert offsets == [] and store.attempts == 1
     assert monitor._database_lost and monitor.health.live()[0]
+
+
+def test_a_services_log_line_carries_a_records_escape_sequences_as_text(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from cronstream.shared.logs import JsonFormatter
+
+    payload = "RuntimeError: \x1b]0;pwned\x07\x1b[2J\u009b31m bidi\u202e"
+    logger = logging.getLogger("escapes")
+    with caplog.at_level(logging.INFO, logger="escapes"):
+        log(logger, "execution_finished", error=payload, job_id="evil\x1b[2J")
+        try:
+            raise RuntimeError(payload)
+        except RuntimeError:
+            logger.exception("handler_failed")
+    for record in caplog.records[-2:]:
+        for line in (LogfmtFormatter("worker").format(record), JsonFormatter("worker").format(record)):
+            assert not any(c in line for c in "\x1b\x07\u009b\u202e"), line
+            assert "\\x1b]0;pwned" in line or "\\u001b]0;pwned" in line, line
+    assert json.loads(JsonFormatter("worker").format(caplog.records[-2]))["error"] == payload

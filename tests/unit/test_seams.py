@@ -131,3 +131,22 @@ def test_every_consumer_reads_through_the_one_inbound_path() -> None:
             if name == "dead_letter" or (name == "error" and not node.args and path not in OWN_ERRORS):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(...)")
     assert found == [], "read through shared/inbound.py: Inbound.batch, Batch.decode / read / reject"
+
+
+def test_every_cli_command_prints_through_output_so_untrusted_text_is_escaped() -> None:
+    """`click.echo`, `print` and a Rich `Console().print` of a string would carry a record's
+    escape sequences to the terminal raw (issue 53): only cli/output.py writes."""
+    wrong = []
+    for path, tree in modules(ROOT / "cronstream" / "cli"):
+        if path.name == "output.py":
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else f"{ast.unparse(func.value)}.{func.attr}" if isinstance(func, ast.Attribute)
+                    else "")
+            if name in ("print", "click.echo", "click.secho", "sys.stdout.write", "sys.stderr.write"):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert wrong == []
