@@ -14,7 +14,9 @@ help: ## List the targets
 $(BIN)/cronstream: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,lint,deploy]'
+	@# setuptools warns on every editable install that a folder of the package's name sits in
+	@# the working directory: it does, by design; a newcomer's first screen says what runs.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[test,lint,deploy]'
 	@touch $@
 
 install: $(BIN)/cronstream ## Create the virtualenv and install cronstream with its test tools
