@@ -50,6 +50,8 @@ from cronstream.ui.store import DatabaseUnavailable, Store
 HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+# Counted on the body as it arrives, however it is framed (a chunked body announces no
+# length): a form is never read, let alone parsed, much beyond its limit (_form).
 MAX_FORM_BYTES = 16 * 1024
 # A trigger's form carries a run's params (at most 64 KiB of JSON, up to three times that
 # URL-encoded): the limit they are held to is the params' own (records.run_params).
@@ -60,6 +62,14 @@ HSTS = b"max-age=31536000"
 
 class BadInput(ValueError):
     """A query parameter or form field is invalid; the message names it."""
+
+
+class FormTooLarge(Exception):
+    """A form's body is longer than its limit (413, from any route: create_app)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a form here is at most {limit // 1024} KiB")
+        self.limit = limit
 
 
 class UI:
@@ -206,8 +216,9 @@ def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[str]]
            ) -> Callable[[Request], Awaitable[Response]]:
     """A state-changing POST: refused without an identity (401), with actions off or a
-    missing / wrong CSRF token or an origin not of this site (403). Publishes nothing
-    unless all checks pass; answers with a redirect back (browsers) or JSON (scripts)."""
+    missing / wrong CSRF token or an origin not of this site (403), a form too large
+    (413). Publishes nothing unless all checks pass; answers with a redirect back
+    (browsers) or JSON (scripts)."""
 
     async def endpoint(request: Request) -> Response:
         ui: UI = request.app.state.ui
@@ -269,13 +280,35 @@ async def _allowed_to_act(ui: UI, request: Request) -> Response | tuple[Identity
 
 
 async def _form(request: Request, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise BadInput("form too large")
+    """The form's text fields; FormTooLarge past `limit` bytes, announced or not.
+
+    The body is read with a running count that stops at the limit: `Content-Length` is
+    only a shortcut (a chunked body has none, and Starlette's parser would read it whole).
+    What was read is then parsed, from memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise FormTooLarge(limit)
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
         return {}
-    form = await request.form(max_files=0, max_fields=20)
+    body = bytearray()
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            body += chunk
+            if len(body) > limit:
+                raise FormTooLarge(limit)
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+    form = await Request(request.scope, replay).form(max_files=0, max_fields=20)
     return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+async def form_too_large(request: Request, exc: Exception) -> Response:
+    """413 for FormTooLarge, wherever the form was read (actions, login, logout)."""
+    ui: UI = request.app.state.ui
+    return ui.error(request, 413, "Form too large", str(exc))
 
 
 def _uuid(value: str, name: str) -> UUID:
@@ -650,7 +683,8 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/metrics", metrics_endpoint),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={FormTooLarge: form_too_large})
     app.state.ui = ui
     # Outermost last: the proxy's headers are read first (the scheme for Secure cookies
     # and HSTS, the client's address for throttling and stream caps), and a refused Host

@@ -1,22 +1,30 @@
-"""A dashboard form is good for one session, and from this site.
+"""A dashboard form is good for one session, from this site, and only so large.
 
 Each test runs `cronstream ui` as a process and talks to it over HTTP, as
 `test_dashboard.py` does: a CSRF token fits only the session (or, before login, the
 pre-session cookie) it was served to; a POST carried by a browser's credentials names
-this site in `Origin` or `Referer`.
+this site in `Origin` or `Referer`; a form is cut off at its limit however its body is
+framed (`Content-Length` or chunked), with 413.
 """
 
 from __future__ import annotations
 
 import re
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from cronstream.shared.settings import Settings
+from cronstream.ui.app import MAX_FORM_BYTES, PARAMS_FORM_BYTES
 from cronstream.ui.auth import CSRF_COOKIE, SESSION_COOKIE
 from tests.conftest import Processes
 from tests.security.test_dashboard import TOKEN, log_in, login_form, seed_job
-from tests.support import start_ui
+from tests.support import produce_json, start_ui
+
+FORM = "application/x-www-form-urlencoded"
 
 
 def cookie(response: httpx.Response, name: str) -> str:
@@ -35,6 +43,17 @@ def token_on(base: str, cookies: str, path: str = "/login", **headers: str) -> s
     match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text)
     assert match, "every form carries a CSRF token"
     return match[1]
+
+
+def chunks(total: int, field: str = "name") -> Iterator[bytes]:
+    """A form of one field, `total` bytes long, sent 4 KiB at a time (chunked: no
+    Content-Length says in advance how large it is)."""
+    head = f"{field}=".encode()
+    yield head
+    left = total - len(head)
+    while left > 0:
+        yield b"a" * min(4096, left)
+        left -= 4096
 
 
 def test_an_anonymous_csrf_token_is_refused_beside_another_users_session(
@@ -128,3 +147,70 @@ def test_a_browsers_post_without_origin_or_referer_is_refused_and_a_bearer_token
     assert unnamed.status_code == 403, unnamed.status_code
     named = httpx.post(proxied + cancel, data={"csrf_token": dana_token}, headers={**headers, "Origin": proxied})
     assert named.status_code == 303, named.text
+
+
+def test_a_chunked_form_is_refused_at_its_limit_without_waiting_for_its_end(
+    processes: Processes, topics: Settings,
+) -> None:
+    base = start_ui(processes, "ui", CRONSTREAM_UI_TOKEN=TOKEN)
+    address = urlsplit(base)
+    assert address.hostname is not None and address.port is not None
+    # A body that would be 200 KiB, of which only a little more than the limit is sent:
+    # the answer must come before the rest (a server parsing the whole form would wait).
+    with socket.create_connection((address.hostname, address.port), timeout=20) as sock:
+        sock.sendall(f"POST /login HTTP/1.1\r\nHost: {address.netloc}\r\nOrigin: {base}\r\n"
+                     f"Content-Type: {FORM}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        sent = 0
+        for chunk in chunks(200 * 1024):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+            if sent > MAX_FORM_BYTES + 4096:
+                break
+        answer = b""
+        try:
+            while b"\r\n" not in answer:
+                received = sock.recv(4096)
+                assert received, "the server closed the connection without an answer"
+                answer += received
+        except TimeoutError:
+            pytest.fail(f"no answer after {sent} bytes of a form limited to {MAX_FORM_BYTES}")
+    assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 413 Request Entity Too Large", answer[:200]
+
+    # Sent whole, 200 KiB chunked is refused too, on an action as on the login form.
+    execution = seed_job(topics, "big-forms")
+    # A trigger reads the job's definition from its topic (the SDK's client), not the projection.
+    produce_json(topics, topics.topics.job_definitions, "big-forms", {
+        "job_id": "big-forms", "type": "CRON", "schedule": "0 0 1 1 *", "handler": "noop"})
+    login = log_in(base, TOKEN)
+    cookies = f"{cookie(login, CSRF_COOKIE)}; {cookie(login, SESSION_COOKIE)}"
+    token = token_on(base, cookies)
+    browser = {"Cookie": cookies, "Origin": base, "Content-Type": FORM}
+    whole = httpx.post(f"{base}/executions/{execution}/cancel", content=chunks(200 * 1024, "reason"),
+                       headers=browser)
+    assert whole.status_code == 413 and "too large" in whole.text, whole.status_code
+
+    # The trigger form keeps its larger limit (a run's params), chunked or not.
+    def trigger(size: int) -> int:
+        body = b"".join(chunks(size, "padding")) + f"&csrf_token={token}".encode()
+        return httpx.post(f"{base}/jobs/big-forms/trigger", content=iter([body[:size // 2], body[size // 2:]]),
+                          headers=browser).status_code
+
+    assert trigger(100 * 1024) == 303, "100 KiB is within the trigger's limit"
+    assert trigger(PARAMS_FORM_BYTES + 1) == 413
+
+
+def test_an_oversized_login_answers_413_with_or_without_content_length(
+    processes: Processes, topics: Settings,
+) -> None:
+    base = start_ui(processes, "ui", CRONSTREAM_UI_TOKEN=TOKEN)
+    page, token = login_form(base, {})
+    headers = {"Origin": base, "Cookie": cookie(page, CSRF_COOKIE), "Content-Type": FORM}
+    body = f"csrf_token={token}&name=".encode() + b"a" * (1024 * 1024)
+    announced = httpx.post(base + "/login", content=body, headers=headers)
+    assert announced.status_code == 413, announced.status_code
+    chunked = httpx.post(base + "/login", content=iter([body[:4096], body[4096:]]), headers=headers)
+    assert chunked.status_code == 413, chunked.status_code
+    # A form within the limit still logs in: the limit refuses size, not forms.
+    fits = httpx.post(base + "/login", data={"csrf_token": token, "name": "carol", "token": TOKEN},
+                      headers={"Origin": base, "Cookie": headers["Cookie"]})
+    assert fits.status_code == 303, fits.text
