@@ -50,6 +50,8 @@ from cronstream.ui.store import DatabaseUnavailable, Store
 HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+# Counted on the body as it arrives, however it is framed (a chunked body announces no
+# length): a form is never read, let alone parsed, much beyond its limit (_form).
 MAX_FORM_BYTES = 16 * 1024
 # A trigger's form carries a run's params (at most 64 KiB of JSON, up to three times that
 # URL-encoded): the limit they are held to is the params' own (records.run_params).
@@ -60,6 +62,14 @@ HSTS = b"max-age=31536000"
 
 class BadInput(ValueError):
     """A query parameter or form field is invalid; the message names it."""
+
+
+class FormTooLarge(Exception):
+    """A form's body is longer than its limit (413, from any route: create_app)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a form here is at most {limit // 1024} KiB")
+        self.limit = limit
 
 
 class UI:
@@ -120,21 +130,26 @@ class UI:
             "actions_enabled": self.auth.actions_enabled,
             "can_act": identity is not None,
             "csrf_field": CSRF_FIELD,
-            "csrf_token": self.auth.csrf_token(csrf_cookie),
+            "csrf_token": self.auth.csrf_token(request, csrf_cookie),
             "login_possible": self.auth.token is not None,
             "notice": request.query_params.get("notice", "")[:300],
             "path": request.url.path,
             "here": _here(request),
         }, status_code=status_code)
         if new_cookie is not None:
-            response.set_cookie(CSRF_COOKIE, new_cookie, httponly=True, samesite="strict",
-                                secure=request.url.scheme == "https")
+            _set_cookie(response, request, CSRF_COOKIE, new_cookie)
         return response
 
     def error(self, request: Request, status: int, title: str, detail: str) -> Response:
         if _wants_json(request):
             return JSONResponse({"error": title, "detail": detail}, status_code=status)
         return self.page(request, "error.html", {"title": title, "detail": detail}, status)
+
+
+def _set_cookie(response: Response, request: Request, name: str, value: str,
+                max_age: int | None = None) -> None:
+    response.set_cookie(name, value, max_age=max_age, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
 
 
 def _here(request: Request) -> str:
@@ -201,8 +216,9 @@ def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[str]]
            ) -> Callable[[Request], Awaitable[Response]]:
     """A state-changing POST: refused without an identity (401), with actions off or a
-    missing / wrong CSRF token or a foreign Origin (403). Publishes nothing unless all
-    checks pass; answers with a redirect back (browsers) or JSON (scripts)."""
+    missing / wrong CSRF token or an origin not of this site (403), a form too large
+    (413). Publishes nothing unless all checks pass; answers with a redirect back
+    (browsers) or JSON (scripts)."""
 
     async def endpoint(request: Request) -> Response:
         ui: UI = request.app.state.ui
@@ -238,7 +254,7 @@ def action(handler: Callable[[UI, Request, Identity, dict[str, str]], Awaitable[
 
 async def _allowed_to_act(ui: UI, request: Request) -> Response | tuple[Identity, dict[str, str]]:
     """Who acts and their form, or the refusal: actions off, no identity (throttled after
-    failures), a foreign Origin, a missing or wrong CSRF token."""
+    failures), not from this site (auth.cross_site), a missing or wrong CSRF token."""
     if not ui.auth.actions_enabled:
         return ui.error(request, 403, "Actions are off",
                         "Set CRONSTREAM_UI_TOKEN or CRONSTREAM_UI_IDENTITY_HEADER to enable them.")
@@ -252,8 +268,9 @@ async def _allowed_to_act(ui: UI, request: Request) -> Response | tuple[Identity
                             "Log in (or send Authorization: Bearer <token>) to act.")
         response.headers["WWW-Authenticate"] = 'Bearer realm="cronstream"'
         return response
-    if not Auth.same_origin(request):
-        return ui.error(request, 403, "Forbidden", "cross-origin request refused")
+    refusal = Auth.cross_site(request, ambient=identity.via != "bearer")
+    if refusal is not None:
+        return ui.error(request, 403, "Forbidden", refusal)
     form = await _form(request, PARAMS_FORM_BYTES if request.url.path.endswith("/trigger")
                        else MAX_FORM_BYTES)
     if identity.via != "bearer" and not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
@@ -263,13 +280,35 @@ async def _allowed_to_act(ui: UI, request: Request) -> Response | tuple[Identity
 
 
 async def _form(request: Request, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise BadInput("form too large")
+    """The form's text fields; FormTooLarge past `limit` bytes, announced or not.
+
+    The body is read with a running count that stops at the limit: `Content-Length` is
+    only a shortcut (a chunked body has none, and Starlette's parser would read it whole).
+    What was read is then parsed, from memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise FormTooLarge(limit)
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
         return {}
-    form = await request.form(max_files=0, max_fields=20)
+    body = bytearray()
+    async with contextlib.aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            body += chunk
+            if len(body) > limit:
+                raise FormTooLarge(limit)
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+    form = await Request(request.scope, replay).form(max_files=0, max_fields=20)
     return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+async def form_too_large(request: Request, exc: Exception) -> Response:
+    """413 for FormTooLarge, wherever the form was read (actions, login, logout)."""
+    ui: UI = request.app.state.ui
+    return ui.error(request, 413, "Form too large", str(exc))
 
 
 def _uuid(value: str, name: str) -> UUID:
@@ -391,9 +430,14 @@ async def login(request: Request) -> Response:
         return ui.error(request, 403, "No login", "CRONSTREAM_UI_TOKEN is not set." if
                         not ui.auth.token_ignored else "Sign in through the proxy: token logins are "
                         "off beside CRONSTREAM_UI_IDENTITY_HEADER (CRONSTREAM_UI_TOKEN_LOGIN).")
+    # A login carries no credential yet, but a forged one would log the victim in as the
+    # attacker (whose session then records what the victim does): a browser's request.
+    refusal = Auth.cross_site(request, ambient=True)
+    if refusal is not None:
+        return ui.error(request, 403, "Forbidden", refusal)
     form = await _form(request)
     target = _safe_next(form.get("next"))
-    if not Auth.same_origin(request) or not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
+    if not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
         return ui.error(request, 403, "Forbidden", "missing or invalid CSRF token: reload the page")
     name = form.get("name", "").strip()
     if not Auth.valid_name(name):
@@ -405,18 +449,24 @@ async def login(request: Request) -> Response:
     if not ui.auth.check_token(form.get("token", ""), request):
         return ui.page(request, "login.html", {"next": target, "error": "wrong token"}, 401)
     response = RedirectResponse(target, 303)
-    response.set_cookie(SESSION_COOKIE, ui.auth.session_value(name), max_age=SESSION_SECONDS,
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    # A new session (its own CSRF tokens) and a new pre-session cookie: the login form's
+    # token fits nothing any more, not even once this session ends.
+    _set_cookie(response, request, SESSION_COOKIE, ui.auth.session_value(name), SESSION_SECONDS)
+    _set_cookie(response, request, CSRF_COOKIE, ui.auth.new_csrf_cookie())
     return response
 
 
 async def logout(request: Request) -> Response:
     ui: UI = request.app.state.ui
+    refusal = Auth.cross_site(request, ambient=True)
+    if refusal is not None:
+        return ui.error(request, 403, "Forbidden", refusal)
     form = await _form(request)
     if not ui.auth.csrf_ok(request, form.get(CSRF_FIELD)):
         return ui.error(request, 403, "Forbidden", "missing or invalid CSRF token")
     response = RedirectResponse("/jobs", 303)
     response.delete_cookie(SESSION_COOKIE)
+    _set_cookie(response, request, CSRF_COOKIE, ui.auth.new_csrf_cookie())
     return response
 
 
@@ -633,7 +683,8 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/metrics", metrics_endpoint),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={FormTooLarge: form_too_large})
     app.state.ui = ui
     # Outermost last: the proxy's headers are read first (the scheme for Secure cookies
     # and HSTS, the client's address for throttling and stream caps), and a refused Host

@@ -18,11 +18,22 @@ address (`throttle.py`), and a session names the token it was opened with: chang
 token ends every session, even under a session key that stays the same.
 
 Every state-changing request carried by ambient credentials (a cookie, a proxy's
-header) must also carry a CSRF token: the HMAC of a random per-browser cookie
-(`cronstream_csrf`, SameSite=Strict), as a hidden form field. A cross-site page can
-make the browser send the cookie but can neither read it nor compute the HMAC. A
-cross-origin `Origin` header is refused as well. Bearer requests carry no ambient
-credential and need no CSRF token.
+header) must also carry a CSRF token, a hidden form field bound to whom the form was
+served (`csrf_token`):
+
+- a login session: an HMAC of the session cookie's value, which is new at each login
+  (it carries a nonce), so the token works with that session and no other;
+- a proxy's identity: an HMAC of that name and a random per-browser cookie
+  (`cronstream_csrf`, SameSite=Strict);
+- nobody yet (the login form, the pre-session): an HMAC of that cookie alone; a login
+  gives the browser a new one.
+
+A cross-site page can make the browser send the cookies but can neither read them nor
+compute the HMAC; a pair (cookie, token) it obtained for itself, even planted in the
+victim's browser, does not fit the victim's session. Such a request must also name this
+site in `Origin` (or, without it, `Referer`), and one naming neither is refused. Bearer
+requests carry no ambient credential (a page cannot make a browser attach the token):
+they need no CSRF token and may name no origin (scripts), but a foreign one is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import re
 import secrets
 import time
@@ -83,7 +95,9 @@ class Auth:
         return self.token is not None or self.identity_header is not None
 
     def _sign(self, *parts: str) -> str:
-        return hmac.new(self._key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+        # A JSON list, not a joined string: a proxy's user name may hold any separator,
+        # and ("a|b", "c") must not sign as ("a", "b|c").
+        return hmac.new(self._key, json.dumps(parts).encode(), hashlib.sha256).hexdigest()
 
     # -- identity -------------------------------------------------------------------
 
@@ -116,13 +130,17 @@ class Auth:
     def session_value(self, name: str, now: float | None = None) -> str:
         expires = str(int((time.time() if now is None else now) + SESSION_SECONDS))
         encoded = base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
-        return f"{encoded}.{expires}.{self._sign('session', encoded, expires, self._token_tag)}"
+        # Two logins are two sessions, even under one name in one second: a CSRF token
+        # is bound to the session's value (csrf_token) and must not fit the other.
+        nonce = secrets.token_urlsafe(12)
+        signature = self._sign("session", encoded, expires, nonce, self._token_tag)
+        return f"{encoded}.{expires}.{nonce}.{signature}"
 
     def _session_name(self, value: str, now: float | None = None) -> str | None:
         try:
-            encoded, expires, signature = value.split(".")
+            encoded, expires, nonce, signature = value.split(".")
             if not self._token_tag or not hmac.compare_digest(
-                    signature, self._sign("session", encoded, expires, self._token_tag)):
+                    signature, self._sign("session", encoded, expires, nonce, self._token_tag)):
                 return None
             if int(expires) < (time.time() if now is None else now):
                 return None
@@ -172,20 +190,54 @@ class Auth:
     def new_csrf_cookie() -> str:
         return secrets.token_urlsafe(32)
 
-    def csrf_token(self, cookie: str) -> str:
-        return self._sign("csrf", cookie)
+    def csrf_token(self, request: Request, csrf_cookie: str | None = None) -> str:
+        """The CSRF token of a form served to `request`, bound to whom it is served (the
+        module's docstring); `csrf_cookie` is the one about to be set when the request
+        came without. "" when there is nothing to bind it to (no cookie yet)."""
+        identity = self.identify(request)
+        if identity is not None and identity.via == "session":
+            return self._sign("csrf-session", request.cookies[SESSION_COOKIE])
+        cookie = csrf_cookie or request.cookies.get(CSRF_COOKIE)
+        if not cookie:
+            return ""
+        if identity is not None and identity.via == "header":
+            return self._sign("csrf-header", identity.name, cookie)
+        return self._sign("csrf-anonymous", cookie)
 
     def csrf_ok(self, request: Request, submitted: str | None) -> bool:
-        cookie = request.cookies.get(CSRF_COOKIE)
-        if not cookie or not submitted:
+        expected = self.csrf_token(request)
+        if not expected or not submitted:
             return False
-        return hmac.compare_digest(submitted, self.csrf_token(cookie))
+        # Bytes: compare_digest refuses a str with non-ASCII characters (a 500, not a 403).
+        return hmac.compare_digest(submitted.encode(), expected.encode())
 
     @staticmethod
-    def same_origin(request: Request) -> bool:
-        """A browser names the page that sent a POST in `Origin`; it must be this site."""
+    def cross_site(request: Request, *, ambient: bool) -> str | None:
+        """Why a state-changing request is refused as not coming from this site, or None.
+
+        A browser names the page a POST comes from in `Origin` (every current one does,
+        same-origin too) or, where it leaves that out, in `Referer` (this site's
+        Referrer-Policy, same-origin, keeps it on its own requests): whichever is sent
+        must be this Host. With neither, nothing shows the request came from a page of
+        this site: refused when it is carried by `ambient` credentials (a cookie, a
+        proxy's header), let through for a bearer token, which a page cannot make a
+        browser attach (a script sends neither)."""
+        host = request.headers.get("host", "").lower()
         origin = request.headers.get("origin")
-        if origin is None:  # not a browser, or a same-origin GET-like request
-            return True
-        host = request.headers.get("host", "")
-        return urlsplit(origin).netloc == host
+        if origin is not None:
+            return None if _netloc(origin) == host else "cross-origin request refused"
+        referer = request.headers.get("referer")
+        if referer is not None:
+            return None if _netloc(referer) == host else "cross-site request refused (Referer)"
+        if ambient:
+            return ("request without Origin or Referer refused: post from the dashboard's page "
+                    "(scripts: Authorization: Bearer <token>)")
+        return None
+
+
+def _netloc(url: str) -> str:
+    """The host[:port] of `url`; "" for what names none ("null", an opaque origin)."""
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:
+        return ""

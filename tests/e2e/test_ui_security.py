@@ -62,13 +62,17 @@ def test_actions_without_credentials_or_csrf_are_refused_and_publish_nothing(
         spoofed = httpx.post(base + path, headers={"X-Forwarded-User": "mallory"})
         assert spoofed.status_code == 401, "the identity header is ignored unless configured"
 
-    with httpx.Client() as browser:
+    # A browser names the page a form is posted from (refused without: test_dashboard_forms).
+    with httpx.Client(headers={"Origin": base}) as browser:
         token = csrf_of(browser, base)
         assert browser.post(base + "/login", data={"name": "carol", "token": "wrong",
                                                     "csrf_token": token}).status_code == 401
         login = browser.post(base + "/login", data={"name": "carol", "token": TOKEN, "csrf_token": token})
         assert login.status_code == 303 and "cronstream_session" in login.headers["set-cookie"]
         assert "Content-Security-Policy" in browser.get(base + "/jobs").headers
+        assert browser.post(base + actions[0], data={"csrf_token": token}).status_code == 403, \
+            "the login form's token does not fit the session it opened"
+        token = csrf_of(browser, base)
         for path in actions:
             assert browser.post(base + path, data={"reason": "x"}).status_code == 403, path
             forged = browser.post(base + path, data={"reason": "x", "csrf_token": "0" * 64})
@@ -108,7 +112,7 @@ def test_a_trusted_proxy_header_names_who_acts_and_reads_can_be_protected(
     assert httpx.get(base + "/jobs").status_code == 303, "reads need an identity"
     assert httpx.get(base + "/healthz").status_code == 200
     assert httpx.get(base + "/readyz").json()["ready"] is True
-    with httpx.Client(headers={"X-Forwarded-User": "dana@example.com"}) as browser:
+    with httpx.Client(headers={"X-Forwarded-User": "dana@example.com", "Origin": base}) as browser:
         page = browser.get(base + "/jobs")
         assert page.status_code == 200 and "dana@example.com" in page.text
         token = csrf_of(browser, base, f"/executions/{step}")

@@ -72,8 +72,9 @@ def log_in(base: str, token: str, name: str = "carol", headers: dict[str, str] |
            form_on: str = "/login") -> httpx.Response:
     headers = headers or {}
     page, csrf = login_form(base, headers, form_on)
+    # A browser names the page a form was posted from (the dashboard refuses a login without).
     return httpx.post(base + "/login", data={"name": name, "token": token, "csrf_token": csrf},
-                      headers={**headers, "Cookie": cookie_header(page)})
+                      headers={"Origin": base, **headers, "Cookie": cookie_header(page)})
 
 
 def test_hosts_are_judged_by_name_or_by_the_address_the_connection_came_to() -> None:
@@ -222,8 +223,9 @@ def test_the_referer_fallback_never_redirects_off_the_site(processes: Processes,
     base = start_ui(processes, "ui", CRONSTREAM_UI_TOKEN=TOKEN)
     with httpx.Client() as browser:
         token = csrf_of(browser, base)
-        assert browser.post(base + "/login", data={"name": "carol", "token": TOKEN,
-                                                   "csrf_token": token}).status_code == 303
+        assert browser.post(base + "/login", data={"name": "carol", "token": TOKEN, "csrf_token": token},
+                            headers={"Origin": base}).status_code == 303
+        token = csrf_of(browser, base)  # the session's own (it names no Origin: its Referer stands in)
         cancelled = browser.post(f"{base}/executions/{execution}/cancel", data={"csrf_token": token},
                                  headers={"Referer": f"{base}//evil.example/phish"})
     assert cancelled.status_code == 303, cancelled.text

@@ -102,12 +102,58 @@ def test_sessions_and_csrf_tokens_cannot_be_forged() -> None:
     assert auth.identify(request({"Authorization": "Bearer nope"})) is None
     cookie = auth.new_csrf_cookie()
     browser = request(cookies={CSRF_COOKIE: cookie})
-    assert auth.csrf_ok(browser, auth.csrf_token(cookie))
-    assert not auth.csrf_ok(browser, auth.csrf_token(auth.new_csrf_cookie()))
-    assert not auth.csrf_ok(browser, None) and not auth.csrf_ok(request(), auth.csrf_token(cookie))
-    assert not Auth.same_origin(request({"Origin": "http://evil.example", "Host": "ui:8180"}))
-    assert Auth.same_origin(request({"Origin": "http://ui:8180", "Host": "ui:8180"}))
+    anonymous = auth.csrf_token(browser)
+    assert anonymous and auth.csrf_ok(browser, anonymous)
+    assert not auth.csrf_ok(browser, auth.csrf_token(request(cookies={CSRF_COOKIE: auth.new_csrf_cookie()})))
+    assert not auth.csrf_ok(browser, None) and not auth.csrf_ok(request(), anonymous)
+    assert auth.csrf_token(request()) == "", "no cookie, nothing to bind a token to"
+    assert not auth.csrf_ok(browser, "é" * 64), "a non-ASCII token is refused, not an error"
     assert not Auth(None, None, False, None).actions_enabled
+
+
+def test_a_csrf_token_is_bound_to_the_session_or_pre_session_it_was_served_to() -> None:
+    auth = Auth("t0ken-t0ken-t0ken", "X-Forwarded-User", False, None, token_login=True)
+    cookie = auth.new_csrf_cookie()
+    alice, alice_again, bob = (auth.session_value(n) for n in ("alice", "alice", "bob"))
+    assert alice != alice_again, "each login is a session of its own"
+
+    def served(session: str | None = None, user: str | None = None) -> Request:
+        return request({"X-Forwarded-User": user} if user else {},
+                       {CSRF_COOKIE: cookie, **({SESSION_COOKIE: session} if session else {})})
+
+    tokens = {"anonymous": auth.csrf_token(served()), "alice": auth.csrf_token(served(alice)),
+              "alice again": auth.csrf_token(served(alice_again)), "bob": auth.csrf_token(served(bob)),
+              "dana": auth.csrf_token(served(user="dana")), "erin": auth.csrf_token(served(user="erin"))}
+    assert len(set(tokens.values())) == len(tokens), "six subjects, six tokens"
+    for who, token in tokens.items():
+        assert auth.csrf_ok(served(alice), token) == (who == "alice"), who
+        assert auth.csrf_ok(served(), token) == (who == "anonymous"), who
+        assert auth.csrf_ok(served(user="dana"), token) == (who == "dana"), who
+    # A session's token does not depend on the CSRF cookie beside it (a login replaces it).
+    assert auth.csrf_ok(request(cookies={SESSION_COOKIE: alice}), tokens["alice"])
+    # A proxy's user name may hold any separator: ("a|b", cookie) is not ("a", "b|" + cookie).
+    split = request({"X-Forwarded-User": "a"}, {CSRF_COOKIE: "b|" + cookie})
+    assert auth.csrf_token(split) != auth.csrf_token(request({"X-Forwarded-User": "a|b"}, {CSRF_COOKIE: cookie}))
+
+
+@pytest.mark.parametrize(("headers", "ambient", "refused"), [
+    ({"Origin": "http://ui:8180"}, True, False),
+    ({"Origin": "http://UI:8180"}, True, False),
+    ({"Origin": "http://evil.example"}, True, True),
+    ({"Origin": "http://evil.example"}, False, True),
+    ({"Origin": "null"}, True, True),
+    ({"Origin": "http://ui:8180", "Referer": "http://evil.example/"}, True, False),
+    ({"Referer": "http://ui:8180/jobs/x?y=1"}, True, False),
+    ({"Referer": "http://evil.example/ui:8180"}, True, True),
+    ({"Referer": "http://ui:8180@evil.example/"}, True, True),
+    ({}, True, True),
+    ({}, False, False),
+])
+def test_a_post_must_name_this_site_unless_a_bearer_token_carries_it(
+    headers: dict[str, str], ambient: bool, refused: bool,
+) -> None:
+    given = request({**headers, "Host": "ui:8180"})
+    assert (Auth.cross_site(given, ambient=ambient) is not None) == refused
 
 
 def test_values_as_shown() -> None:
