@@ -35,7 +35,7 @@ import asyncpg
 from confluent_kafka import Producer
 
 from bench.harness import BenchSystem, run_benches
-from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.kafka.admin import ensure_topics
 from cronstream.shared.records import ExecutionEvent
 from deploy.grafana import generate
 from tests.seed import seed

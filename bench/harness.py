@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from cronstream.infra import Infra
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import delete_topics, ensure_topics, reader_config
+from cronstream.shared.kafka.admin import delete_topics, ensure_topics
+from cronstream.shared.kafka.config import reader_config
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess, sql
 

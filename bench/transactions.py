@@ -21,7 +21,8 @@ from typing import Any
 from confluent_kafka import Producer
 
 from bench.harness import server_pids, tree_cpu, write_result
-from cronstream.shared.kafka import delete_topics, ensure_topics, producer_config
+from cronstream.shared.kafka.admin import delete_topics, ensure_topics
+from cronstream.shared.kafka.config import producer_config
 from cronstream.shared.settings import Settings
 from cronstream.shared.topics import TopicSpec
 

@@ -58,15 +58,11 @@ from cronstream.errors import (
 from cronstream.executions import Execution, LogEntry
 from cronstream.shared.codec import MAX_RECORD_BYTES, describe
 from cronstream.shared.db import query
-from cronstream.shared.kafka import (
-    NOT_AUTHORIZED_HINT,
-    ConsumerThread,
-    OutRecord,
-    not_authorized,
-    producer_config,
-    read_to_end,
-    reader_config,
-)
+from cronstream.shared.kafka.config import producer_config, reader_config
+from cronstream.shared.kafka.consumer import ConsumerThread
+from cronstream.shared.kafka.errors import NOT_AUTHORIZED_HINT, not_authorized
+from cronstream.shared.kafka.reading import read_to_end
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import (
     DELETED_BY_HEADER,
     Command,

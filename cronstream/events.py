@@ -41,7 +41,7 @@ from uuid import UUID
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
 from cronstream.shared.codec import DecodeError, decode
-from cronstream.shared.kafka import client_config
+from cronstream.shared.kafka.config import client_config
 from cronstream.shared.logs import log
 from cronstream.shared.records import ExecutionEvent, ExecutionStatus
 from cronstream.shared.settings import Settings

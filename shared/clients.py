@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cronstream.shared.kafka import ConsumerThread, ensure_topics
+from cronstream.shared.kafka.admin import ensure_topics
+from cronstream.shared.kafka.consumer import ConsumerThread
 from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
 from cronstream.shared.settings import Settings
 from cronstream.shared.topics import TopicSpec

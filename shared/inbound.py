@@ -36,8 +36,10 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 
 from cronstream.shared import metrics
 from cronstream.shared.codec import DecodeError, decode
-from cronstream.shared.kafka import OutRecord, log_consumer_error, position
+from cronstream.shared.kafka.errors import log_consumer_error
+from cronstream.shared.kafka.reading import position
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import Record
 from cronstream.shared.topics import Topics
 
@@ -145,6 +147,14 @@ class Batch:
             return
         self.dead.append(dead_letter(self.inbound.topics, msg, reason, self.inbound.service))
 
+    def take(self, msg: Message) -> None:
+        """Add a record read earlier (a worker's buffered claim): it is this batch's now,
+        and so is its offset."""
+        topic, partition, offset = position(msg)
+        self.records.append(msg)
+        self.next_offsets[(topic, partition)] = offset + 1
+        self.first_offsets.setdefault((topic, partition), offset)
+
     def offsets(self) -> list[TopicPartition]:
         return [TopicPartition(t, p, o) for (t, p), o in self.next_offsets.items()]
 
@@ -167,8 +177,5 @@ class Inbound:
                     batch.ended.add((topic, partition))
                 log_consumer_error(self.service, err)
                 continue
-            topic, partition, offset = position(msg)
-            batch.next_offsets[(topic, partition)] = offset + 1
-            batch.first_offsets.setdefault((topic, partition), offset)
-            batch.records.append(msg)
+            batch.take(msg)
         return batch

@@ -24,14 +24,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cronstream.shared import metrics
-from cronstream.shared.kafka import NOT_AUTHORIZED_HINT, NotAuthorized, OutRecord, kafka_error, not_authorized
+from cronstream.shared.kafka.errors import NOT_AUTHORIZED_HINT, NotAuthorized, kafka_error, not_authorized
 from cronstream.shared.lanes import CallTimedOut, Lane
 from cronstream.shared.logs import log
+from cronstream.shared.telemetry import Headers
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,16 @@ INIT_BACKOFF_MAX = 1.0
 # Largest value we ever produce (the broker's default message.max.bytes is ~1 MB; our own
 # records are bounded far below, dead-letter copies are truncated to fit).
 MAX_PRODUCE_BYTES = 900 * 1024
+
+
+class OutRecord(NamedTuple):
+    """A record to produce: what every service's pure core returns and a producer writes."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None = None
+    partition: int | None = None  # None: the partitioner chooses by key
 
 
 class ProducerFenced(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from confluent_kafka import Consumer, TopicPartition
 
-from cronstream.shared.kafka import consumer_config
+from cronstream.shared.kafka.config import consumer_config
 from cronstream.shared.records import PRIORITIES
 from cronstream.shared.settings import Settings
 

@@ -21,7 +21,7 @@ import pytest
 
 from cronstream.infra.process import answers
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import delete_topics, ensure_topics
+from cronstream.shared.kafka.admin import delete_topics, ensure_topics
 from cronstream.shared.settings import Settings
 from tests.support import ServiceProcess
 

@@ -27,7 +27,8 @@ from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
 from cronstream.shared.health import serving_port
-from cronstream.shared.kafka import position, producer_config
+from cronstream.shared.kafka.config import producer_config
+from cronstream.shared.kafka.reading import position
 from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.settings import Settings
 

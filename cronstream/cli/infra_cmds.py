@@ -13,7 +13,7 @@ from cronstream.cli.output import emit
 from cronstream.infra import Infra
 from cronstream.shared import db_roles
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.kafka.admin import ensure_topics
 from cronstream.shared.settings import Settings
 
 

@@ -46,7 +46,7 @@ def apply(state: CliState, bindings: list[Acl]) -> int:
         ResourceType,
     )
 
-    from cronstream.shared.kafka import client_config
+    from cronstream.shared.kafka.config import client_config
 
     admin = AdminClient(client_config(state.settings(), "cronstream-acls"))
     futures = admin.create_acls([

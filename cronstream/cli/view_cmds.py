@@ -261,7 +261,7 @@ def tail(state: CliState, job_id: str | None, from_beginning: bool, count: int |
     """Follow execution-events live (group-less: commits nothing)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from cronstream.shared.kafka import reader_config
+    from cronstream.shared.kafka.config import reader_config
     from cronstream.shared.records import ExecutionEvent
 
     settings = state.settings()

@@ -60,19 +60,12 @@ from cronstream.shared import metrics
 from cronstream.shared.codec import decode_key
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import SKIP, Batch, Inbound
-from cronstream.shared.kafka import (
-    ConsumerThread,
-    OutRecord,
-    offsets_since,
-    position,
-    producer_config,
-    read_to_end,
-    reader_config,
-    record_time_ms,
-)
+from cronstream.shared.kafka.config import producer_config, reader_config
+from cronstream.shared.kafka.consumer import ConsumerThread
+from cronstream.shared.kafka.reading import offsets_since, position, read_to_end, record_time_ms
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
-from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.producers import IdempotentProducer, OutRecord
 from cronstream.shared.records import (
     Alert,
     ExecutionEvent,
@@ -153,8 +146,8 @@ class AnalyticsService:
         opened = len(self.episodes.open)
         compacted = [TopicPartition(t.job_definitions, 0), TopicPartition(t.scheduler_state, 0)]
         await read_to_end(reader, compacted, self._apply)
-        positions = await reader.call(reader.consumer.position, compacted)
-        await reader.call(reader.consumer.assign, [
+        positions = await reader.position(compacted)
+        await reader.assign([
             *[TopicPartition(p.topic, p.partition, p.offset if p.offset >= 0 else -2) for p in positions],
             *starts])
         log(logger, "analytics_replaying", open_episodes=opened, jobs=len(self.ledger.jobs),
@@ -192,8 +185,7 @@ class AnalyticsService:
                 replaying.discard((topic, partition))
         if replaying and not messages:
             # Transaction markers take offsets too: the end is known by position.
-            now_at = await reader.call(reader.consumer.position,
-                                       [TopicPartition(t, p) for t, p in replaying])
+            now_at = await reader.position([TopicPartition(t, p) for t, p in replaying])
             replaying -= {(tp.topic, tp.partition) for tp in now_at
                           if tp.offset >= ends[(tp.topic, tp.partition)]}
 

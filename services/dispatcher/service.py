@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
@@ -35,20 +35,17 @@ from cronstream.shared.fast_records import DueRecord, as_model, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.inbound import Batch, Inbound
-from cronstream.shared.kafka import (
-    OFFSET_BEGINNING,
-    ConsumerThread,
-    OutRecord,
+from cronstream.shared.kafka.admin import ensure_topics
+from cronstream.shared.kafka.config import (
     client_config,
     consumer_config,
-    ensure_topics,
-    position,
     producer_config,
-    read_to_end,
     reader_config,
 )
+from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.reading import position, read_to_end
 from cronstream.shared.logs import log
-from cronstream.shared.producers import ProducerFenced, TransactionAborted, TransactionalProducer
+from cronstream.shared.producers import OutRecord, ProducerFenced, TransactionAborted, TransactionalProducer
 from cronstream.shared.records import (
     Command,
     ExecutionEvent,
@@ -130,11 +127,9 @@ class DispatcherService:
             await producer.init()
             self._queues = await self._known_queues(stopping)
             self.health.set("kafka", True)
-            await consumer.call(
-                lambda: consumer.consumer.subscribe(
-                    [self.topics.job_due, self.topics.execution_events],
-                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
-            )
+            await consumer.subscribe([self.topics.job_due, self.topics.execution_events],
+                                     on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_revoke)
             log(logger, "dispatcher_started", instance=self.instance)
             last_batch = 0.0
             while not stopping.is_set():
@@ -210,8 +205,7 @@ class DispatcherService:
                 # coordinator (a broker restart) can hang in send_offsets (librdkafka #5511).
                 self._rebalanced = False
                 await self._producer.renew()
-            await self._producer.commit(records, batch.offsets(),
-                                        self._consumer.consumer.consumer_group_metadata)
+            await self._producer.commit(records, batch.offsets(), self._consumer.group_metadata)
         except TransactionAborted as exc:
             log(logger, "dispatch_batch_aborted", logging.WARNING, error=str(exc),
                 outcome_known=type(exc) is TransactionAborted)
@@ -264,7 +258,8 @@ class DispatcherService:
         """After an aborted or unknown transaction: rewind to what committed and read the
         state back, so that the batch is processed again from the settled log."""
         assert self._consumer is not None
-        await self._consumer.call(self._rewind, list(batch.next_offsets))
+        partitions = [TopicPartition(t, p) for t, p in batch.next_offsets]
+        await self._consumer.on_lane(lambda consumer: consumer.seek_to_committed(partitions))
         await self._load_state(set(self._owned))
 
     def _hop(self, due: DueRecord, msg: Message) -> Hop:
@@ -347,22 +342,9 @@ class DispatcherService:
             return
         self.policy.observe(event, position(msg)[1])
 
-    def _rewind(self, partitions: list[tuple[str, int]]) -> None:
-        """Seek the given partitions back to their committed offsets."""
-        assert self._consumer is not None
-        consumer = self._consumer.consumer
-        committed = consumer.committed([TopicPartition(t, p) for t, p in partitions], 10.0)
-        for tp in committed:
-            tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            try:
-                consumer.seek(tp)
-            except KafkaException as exc:
-                log(logger, "rewind_failed", logging.WARNING, topic=tp.topic,
-                    partition=tp.partition, error=str(exc))
-
     # -- assignment: the state of the assigned partitions ---------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         self._owned = {tp.partition for tp in partitions if tp.topic == self.topics.job_due}
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(self._load_state(self._owned), self._loop).result(120)
@@ -409,7 +391,7 @@ class DispatcherService:
         finally:
             await reader.close()
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         # Each batch is committed before the next consume(), so nothing is in flight here.
         self._owned = set()
         self.policy = PolicyState()

@@ -28,8 +28,8 @@ from cronstream.services.monitor.upstream import decided_view, step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.db import query
 from cronstream.shared.ids import retry_execution_id
-from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import Command, ExecutionEvent, JobDefinition, now_utc
 from cronstream.shared.retry import attempts_left
 from cronstream.shared.telemetry import Headers, Hop, attached, new_headers, recording

@@ -19,8 +19,9 @@ from confluent_kafka import Message
 from cronstream.shared.codec import DecodeError, decode, decode_key
 from cronstream.shared.fast_records import EventRecord, decode_event
 from cronstream.shared.inbound import Inbound
-from cronstream.shared.kafka import OutRecord, position, record_time_ms
+from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import (
     DELETED_BY_HEADER,
     MAX_LOG_BATCH_BYTES,

@@ -48,13 +48,8 @@ from cronstream.services.monitor.store import ProjectionStore
 from cronstream.services.monitor.upstream import step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.db import query
-from cronstream.shared.kafka import (
-    OFFSET_BEGINNING,
-    ConsumerThread,
-    client_config,
-    producer_config,
-    reader_config,
-)
+from cronstream.shared.kafka.config import OFFSET_BEGINNING, client_config, producer_config, reader_config
+from cronstream.shared.kafka.consumer import ConsumerThread
 from cronstream.shared.logs import log
 from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
 from cronstream.shared.records import now_utc
@@ -234,11 +229,10 @@ class Housekeeping:
                                           "projection-probe")
         reader, topic = self._reader, self.topics.execution_events
         stored = await self.store.stored_offsets()
-        metadata = await reader.call(reader.consumer.list_topics, topic, 10.0)
-        partitions = sorted(metadata.topics[topic].partitions)
+        partitions = await reader.partitions(topic) or []
         assignment = [TopicPartition(topic, p, stored.get((topic, p), OFFSET_BEGINNING))
                       for p in partitions]
-        await reader.call(reader.consumer.assign, assignment)
+        await reader.assign(assignment)
         pending = set(partitions)
         try:
             deadline = time.monotonic() + 5.0
@@ -251,7 +245,7 @@ class Housekeeping:
                         pending.discard(msg.partition())
             return not pending
         finally:
-            await reader.call(reader.consumer.unassign)
+            await reader.unassign()
 
     # -- figures ----------------------------------------------------------------------------
 

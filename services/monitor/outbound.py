@@ -15,8 +15,8 @@ from uuid import UUID, uuid5
 from opentelemetry.trace import SpanKind
 
 from cronstream.shared.ids import NAMESPACE, requeue_idempotency_key
-from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import (
     Alert,
     ExecutionEvent,

@@ -32,7 +32,7 @@ import time
 from functools import partial
 
 import asyncpg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from cronstream.services.monitor.advance import DagAdvancer, Decisions
 from cronstream.services.monitor.decoding import Decoder, MonitorBatch
@@ -45,17 +45,11 @@ from cronstream.shared.db import SESSION_LOST, fast_timestamps, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
-from cronstream.shared.kafka import (
-    OFFSET_BEGINNING,
-    ConsumerThread,
-    OutRecord,
-    consumer_config,
-    lag_reporter,
-    producer_config,
-)
+from cronstream.shared.kafka.config import OFFSET_BEGINNING, consumer_config, lag_reporter, producer_config
+from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
 from cronstream.shared.lifecycle import supervise, wait_or_stop
 from cronstream.shared.logs import log
-from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.producers import IdempotentProducer, OutRecord
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
 from cronstream.shared.telemetry import Headers, Hop, messaging, new_headers, recording
@@ -157,10 +151,10 @@ class MonitorService:
         t = self.topics
         tasks: list[asyncio.Task[None]] = []
         try:
-            await consumer.call(lambda: consumer.consumer.subscribe(
+            await consumer.subscribe(
                 [t.execution_events, t.execution_logs, t.heartbeats, t.job_definitions,
                  t.commands, t.alerts],
-                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke))
+                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             writer = self._writer = asyncio.create_task(self._write_batches())
             tasks = [writer, asyncio.create_task(supervise(
                 "housekeeping", partial(self._housekeeping, housekeeping, stopping),
@@ -174,7 +168,7 @@ class MonitorService:
                     await self._resync(consumer)
                 if self._kafka_offsets:
                     done, self._kafka_offsets = self._kafka_offsets, []
-                    await consumer.call(self._commit_to_kafka, consumer.consumer, done)
+                    await consumer.on_lane(partial(self._commit_to_kafka, offsets=done))
                 wait = gap - (time.monotonic() - last_batch)
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -286,9 +280,8 @@ class MonitorService:
             except UNAVAILABLE:
                 if await wait_or_stop(self._stopping, 1.0):
                     return
-        inner = consumer.consumer
 
-        def rewind() -> list[str]:
+        def rewind(inner: OnLane) -> list[str]:
             # Assigning again with explicit offsets moves every position at once, fetching or
             # not (a seek refuses a partition that has not started fetching).
             positions = inner.position(inner.assignment())
@@ -298,7 +291,7 @@ class MonitorService:
             return [f"{self.topics.logical(tp.topic)}[{tp.partition}]:{tp.offset}->"
                     f"{stored.get((tp.topic, tp.partition), 'start')}" for tp in positions]
 
-        moved = await consumer.call(rewind)
+        moved = await consumer.on_lane(rewind)
         self._epoch += 1
         self._resync_requested = False
         self.health.set("database", True)
@@ -375,15 +368,15 @@ class MonitorService:
             metrics.ALERTS.labels(kind=alert.kind, state=alert.state).inc()
 
     @staticmethod
-    def _commit_to_kafka(consumer: Consumer, offsets: list[TopicPartition]) -> None:
+    def _commit_to_kafka(consumer: OnLane, offsets: list[TopicPartition]) -> None:
         try:
-            consumer.commit(offsets=offsets, asynchronous=True)
+            consumer.commit(offsets, asynchronous=True)
         except Exception as exc:  # informational only: PostgreSQL holds the truth
             log(logger, "kafka_commit_skipped", logging.DEBUG, error=str(exc))
 
     # -- assignment: resume from PostgreSQL ---------------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         assert self._loop is not None
         # Batches read before this rebalance are written first, so the stored offsets
         # read below include them.
@@ -394,7 +387,7 @@ class MonitorService:
         self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions))
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         self.health.set("assignment", False, "rebalancing")
         consumer.unassign()
         log(logger, "partitions_revoked", count=len(partitions))
@@ -444,18 +437,16 @@ class MonitorService:
         asked of the broker (not the last fetch's cached figure, which stays "caught up"
         while the broker is away)."""
         assert self._consumer is not None
-        consumer = self._consumer.consumer
         tp = TopicPartition(self.topics.heartbeats, 0)
 
-        def check() -> bool:
+        def check(consumer: OnLane) -> bool:
             if tp not in [TopicPartition(a.topic, a.partition) for a in consumer.assignment()]:
                 return False
             position = consumer.position([tp])[0].offset
             try:
-                _low, high = consumer.get_watermark_offsets(tp, timeout=HOUSEKEEPING_SECONDS,
-                                                            cached=False)
+                _low, high = consumer.watermarks(tp, timeout=HOUSEKEEPING_SECONDS)
             except KafkaException:
                 return False  # the broker cannot be reached: this round saw nothing
             return position >= 0 and high >= 0 and high - position <= 10
 
-        return bool(await self._consumer.call(check))
+        return bool(await self._consumer.on_lane(check))

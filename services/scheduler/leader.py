@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -37,19 +38,12 @@ from cronstream.services.scheduler.outbound import LeaderRecords
 from cronstream.shared import metrics, telemetry
 from cronstream.shared.codec import DecodeError, decode_key
 from cronstream.shared.inbound import Batch, Inbound
-from cronstream.shared.kafka import (
-    OFFSET_BEGINNING,
-    ConsumerThread,
-    OutRecord,
-    position,
-    producer_config,
-    read_to_end,
-    reader_config,
-    record_time_ms,
-    settled,
-)
+from cronstream.shared.kafka.config import OFFSET_BEGINNING, producer_config, reader_config
+from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.errors import settled
+from cronstream.shared.kafka.reading import position, read_to_end, record_time_ms
 from cronstream.shared.logs import log
-from cronstream.shared.producers import ProducerFenced, TransactionalProducer
+from cronstream.shared.producers import OutRecord, ProducerFenced, TransactionalProducer
 from cronstream.shared.records import JobDefinition, RetryRequest
 from cronstream.shared.settings import Settings
 
@@ -216,12 +210,12 @@ class Leader:
             await state_reader.close()
 
         tp = TopicPartition(self.topics.job_definitions, 0)
-        committed = await settled(lambda: self.election.call(self.election.consumer.committed, [tp], 10.0),
+        committed = await settled(lambda: self.election.committed([tp]),
                                   "committed offset of job-definitions")
         self._committed_offset = max(committed[0].offset, 0)
         # The election consumer paused partition 0 on assignment; replay starts now,
         # from the beginning (a later term of the same assignment must rewind).
-        await self.election.call(self._rewind, tp)
+        await self.election.on_lane(partial(self._rewind, tp=tp))
         await self._caught_up.wait()
         if not self._active:
             return
@@ -257,8 +251,8 @@ class Leader:
         log(logger, "leader_ready", instance=self.instance, jobs=len(self.clock.jobs),
             retries=len(self.clock.retries), takeover_seconds=round(time.monotonic() - started, 3))
 
-    def _rewind(self, tp: TopicPartition) -> None:
-        consumer = self.election.consumer
+    @staticmethod
+    def _rewind(consumer: OnLane, tp: TopicPartition) -> None:
         consumer.pause([tp])
         try:
             consumer.seek(TopicPartition(tp.topic, 0, OFFSET_BEGINNING))
@@ -394,7 +388,7 @@ class Leader:
         await self._producer.commit(records, offsets, self._group_metadata)
 
     def _group_metadata(self) -> Any:
-        return self.election.consumer.consumer_group_metadata()
+        return self.election.group_metadata()
 
 
 def _execution_key(_value: bytes | None, key: bytes | None) -> UUID:

@@ -16,8 +16,9 @@ from cronstream.shared import metrics, telemetry
 from cronstream.shared.codec import decode_key
 from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.inbound import Batch
-from cronstream.shared.kafka import OutRecord, position, record_time_ms
+from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import Alert, JobDefinition, now_utc
 from cronstream.shared.telemetry import Headers
 from cronstream.shared.topics import Topics

@@ -13,16 +13,13 @@ import asyncio
 import logging
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from cronstream.services.scheduler.leader import Leader
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
-from cronstream.shared.kafka import (
-    END_FETCH_WAIT_MS,
-    ConsumerThread,
-    consumer_config,
-)
+from cronstream.shared.kafka.config import END_FETCH_WAIT_MS, consumer_config
+from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
 
@@ -65,12 +62,8 @@ class SchedulerService:
             },
         )
         election = self._election = ConsumerThread(conf, "election")
-        await election.call(
-            lambda: election.consumer.subscribe(
-                [self.topics.job_definitions],
-                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
-            )
-        )
+        await election.subscribe([self.topics.job_definitions], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         log(logger, "scheduler_standby", instance=self.instance)
         try:
             while not stopping.is_set():
@@ -110,7 +103,7 @@ class SchedulerService:
 
     # -- rebalance callbacks: run on the election thread, inside consume() --------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         self.health.set("election", True)
         for tp in partitions:
             tp.offset = OFFSET_BEGINNING  # the leader replays definitions from the start
@@ -121,11 +114,11 @@ class SchedulerService:
             self._assigned = True
             self._retry_after = 0.0
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         self._lose(partitions, "revoked")
         consumer.incremental_unassign(partitions)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         self._lose(partitions, "lost")
         consumer.incremental_unassign(partitions)
 

@@ -22,8 +22,8 @@ from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared import metrics
 from cronstream.shared.fast_records import DueRecord, as_model
 from cronstream.shared.ids import fast_uuid7
-from cronstream.shared.kafka import OutRecord
 from cronstream.shared.logs import log
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import ExecutionEvent, ExecutionStatus, now_utc, render_event
 from cronstream.shared.retry import attempts_left, next_attempt
 from cronstream.shared.telemetry import Hop, trace_id

@@ -18,10 +18,9 @@ from uuid import UUID
 
 from confluent_kafka import KafkaException
 
-from cronstream.shared.kafka import OutRecord
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
-from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.producers import IdempotentProducer, OutRecord
 from cronstream.shared.records import Heartbeat, WorkerStatus, now_utc
 from cronstream.shared.telemetry import new_headers
 from cronstream.shared.topics import Topics

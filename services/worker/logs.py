@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaException
 
 from cronstream.services.worker.capture import SHIP_SECONDS, Line
-from cronstream.shared.kafka import OutRecord
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
-from cronstream.shared.producers import IdempotentProducer
+from cronstream.shared.producers import IdempotentProducer, OutRecord
 from cronstream.shared.records import LOG_BATCH_TEXT_BYTES, render_log_batch
 from cronstream.shared.topics import Topics
 

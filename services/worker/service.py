@@ -36,7 +36,7 @@ from functools import partial
 from typing import Any, Protocol
 from uuid import UUID
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from cronstream.services.worker.commands import Cancellations
 from cronstream.services.worker.executions import (
@@ -56,20 +56,18 @@ from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Batch, Inbound
-from cronstream.shared.kafka import (
+from cronstream.shared.kafka.config import (
     IDLE_FETCH_WAIT_MS,
-    OFFSET_BEGINNING,
-    ConsumerThread,
-    OutRecord,
     consumer_config,
-    position,
     producer_config,
-    read_to_end,
     reader_config,
 )
+from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.reading import position, read_to_end
 from cronstream.shared.lifecycle import arm_shutdown_watchdog, supervise
 from cronstream.shared.logs import log
 from cronstream.shared.producers import (
+    OutRecord,
     ProducerFenced,
     TransactionAborted,
     TransactionalProducer,
@@ -256,11 +254,9 @@ class WorkerService:
 
     async def _subscribe(self) -> None:
         assert self._consumer is not None
-        consumer = self._consumer.consumer
         self._waiting_since = time.monotonic()
-        await self._consumer.call(lambda: consumer.subscribe(
-            self.topics.work_topics(self.queues), on_assign=self._on_assign,
-            on_revoke=self._on_revoke, on_lost=self._on_revoke))
+        await self._consumer.subscribe(self.topics.work_topics(self.queues), on_assign=self._on_assign,
+                                       on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     async def _rejoin(self, reason: str) -> None:
         """Start over in the group with a fresh consumer (same static member id).
@@ -328,16 +324,15 @@ class WorkerService:
     async def _set_paused(self, paused: bool) -> None:
         if paused == self._paused or self._consumer is None:
             return
-        consumer = self._consumer.consumer
 
-        def apply() -> None:
+        def apply(consumer: OnLane) -> None:
             # On the consumer's lane, where the rebalance callbacks read the flag.
             self._paused = paused
             assignment = consumer.assignment()
             if assignment:
                 (consumer.pause if paused else consumer.resume)(assignment)
 
-        await self._consumer.call(apply)
+        await self._consumer.on_lane(apply)
         log(logger, "intake_paused" if paused else "intake_resumed", buffered=len(self.intake),
             running=len(self.slots))
 
@@ -400,8 +395,7 @@ class WorkerService:
             if head is None:
                 return starts
             msg, due = head
-            batch.records.append(msg)
-            batch.next_offsets[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
+            batch.take(msg)
             if due is None or due.execution_id in self.slots:
                 continue  # dead-lettered, or a redelivery of what already runs here
             run = Running(due, self._hop(due, msg), now_utc())
@@ -444,8 +438,7 @@ class WorkerService:
         # stays in force — docs/decisions/0008.)
         assignments = self._assignments
         try:
-            await self._producer.commit(records, offsets or None,
-                                        self._consumer.consumer.consumer_group_metadata)
+            await self._producer.commit(records, offsets or None, self._consumer.group_metadata)
             return True
         except TransactionOutcomeUnknown as exc:
             # The producer was replaced (a new epoch). Had the monitor declared this worker
@@ -469,10 +462,9 @@ class WorkerService:
         if not offsets:
             return False  # nothing to tell by: report them again (same records: executions.Finished)
         assert self._consumer is not None
-        consumer = self._consumer.consumer
         try:
-            committed = await self._consumer.call(
-                consumer.committed, [TopicPartition(t.topic, t.partition) for t in offsets], 10.0)
+            committed = await self._consumer.committed(
+                [TopicPartition(t.topic, t.partition) for t in offsets])
         except KafkaException:
             return False
         wanted = {(t.topic, t.partition): t.offset for t in offsets}
@@ -482,18 +474,7 @@ class WorkerService:
         """Drop the buffer and seek every assigned partition back to its committed offset."""
         assert self._consumer is not None
         self.intake.clear()
-        consumer = self._consumer.consumer
-
-        def seek_back() -> None:
-            assignment = consumer.assignment()
-            if not assignment:
-                return
-            for tp in consumer.committed(assignment, 10.0):
-                tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                with contextlib.suppress(KafkaException):
-                    consumer.seek(tp)
-
-        await self._consumer.call(seek_back)
+        await self._consumer.on_lane(lambda consumer: consumer.seek_to_committed())
 
     # -- executions -----------------------------------------------------------------
 
@@ -608,7 +589,7 @@ class WorkerService:
 
     # -- rebalance callbacks (consumer lane) ------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         self._assignments += 1
         self._waiting_since = None
@@ -624,7 +605,7 @@ class WorkerService:
         self._fill_until = time.monotonic() + PRIORITY_FILL_SECONDS
         log(logger, "partitions_assigned", count=len(partitions))
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         log(logger, "partitions_revoked", count=len(partitions))
         self._assignments += 1
         self._waiting_since = time.monotonic()

@@ -15,14 +15,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from cronstream.shared.kafka import (
-    OFFSET_BEGINNING,
-    OutRecord,
-    consumer_config,
-    producer_config,
-    reader_config,
-)
-from cronstream.shared.producers import TransactionalProducer
+from cronstream.shared.kafka.config import OFFSET_BEGINNING, consumer_config, producer_config, reader_config
+from cronstream.shared.producers import OutRecord, TransactionalProducer
 from cronstream.shared.settings import Settings
 
 IDLE_SECONDS = 4.0

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 from cronstream.services.monitor.projection import event_rows, fold
 from cronstream.services.monitor.store import create_staging, insert_events, upsert_patches
 from cronstream.shared.db import apply_migrations, connect, fast_timestamps, migrations, query
-from cronstream.shared.kafka import ensure_topics
+from cronstream.shared.kafka.admin import ensure_topics
 from cronstream.shared.records import ExecutionEvent, ExecutionStatus
 from cronstream.shared.settings import Settings
 from tests.support import sql

@@ -19,7 +19,10 @@ from cronstream.services.scheduler.service import SchedulerService
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
 from cronstream.shared.fast_records import DueRecord
-from cronstream.shared.kafka import ConsumerThread, ensure_topics, offsets_since, reader_config
+from cronstream.shared.kafka.admin import ensure_topics
+from cronstream.shared.kafka.config import reader_config
+from cronstream.shared.kafka.consumer import ConsumerThread
+from cronstream.shared.kafka.reading import offsets_since
 from cronstream.shared.lifecycle import Service
 from cronstream.shared.settings import Settings
 

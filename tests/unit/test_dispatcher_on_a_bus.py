@@ -15,7 +15,7 @@ from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.dispatcher.service import DispatcherService
 from cronstream.shared.inbound import DLQ_ERROR
-from cronstream.shared.kafka import position
+from cronstream.shared.kafka.reading import position
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.support import headers, value
@@ -65,7 +65,7 @@ def statuses(bus: MemoryBus) -> list[str]:
 
 def reread(bus: MemoryBus, service: DispatcherService) -> list[Message]:
     """What the consumer reads after the dispatcher rewound: from each seek position on."""
-    seeks = service._consumer.consumer.seeks  # type: ignore[union-attr]
+    seeks = service._consumer.lane.seeks  # type: ignore[union-attr]
     found = [m for topic, partition, offset in seeks
              for m in bus.read(topic, partition, max(offset, 0))]
     seeks.clear()

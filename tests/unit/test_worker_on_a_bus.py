@@ -19,7 +19,8 @@ from cronstream.services.worker.heartbeats import Heartbeats
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.services.worker.service import WorkerService
 from cronstream.shared.fast_records import DueRecord
-from cronstream.shared.kafka import OFFSET_BEGINNING, OutRecord
+from cronstream.shared.kafka.config import OFFSET_BEGINNING
+from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.unit.bus import MemoryBus, MemoryIdempotentProducer, MemoryProducer, clients
@@ -88,7 +89,7 @@ def worker(bus: MemoryBus, concurrency: int = SETTINGS.worker_concurrency
 
 def consumer(service: WorkerService) -> Any:
     """The bus consumer the worker made (tests/unit/bus.py)."""
-    return service._consumer.consumer  # type: ignore[union-attr]
+    return service._consumer.lane  # type: ignore[union-attr]
 
 
 def due_on(bus: MemoryBus, partition: int, at: datetime = datetime(2026, 11, 30, tzinfo=UTC),

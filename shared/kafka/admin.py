@@ -1,0 +1,72 @@
+"""Topics: created idempotently (`cronstream init`, services at start), deleted by prefix
+(tests and benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from cronstream.shared.kafka.config import client_config
+from cronstream.shared.kafka.errors import kafka_error
+from cronstream.shared.settings import Settings
+from cronstream.shared.topics import TopicSpec
+
+
+def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [s for s in specs if s.name not in existing]
+    if not missing:
+        return []
+    extra = {} if settings.topic_min_insync_replicas is None else {
+        "min.insync.replicas": str(settings.topic_min_insync_replicas)}
+    futures = admin.create_topics(
+        [NewTopic(s.name, num_partitions=s.partitions,
+                  replication_factor=settings.topic_replication_factor, config={**s.config, **extra})
+         for s in missing],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    _wait_for_metadata(admin, [s.name for s in missing], timeout)
+    return created
+
+
+def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Delete every topic of the settings' prefix (tests and benchmarks clean up with it)."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    names = [n for n in admin.list_topics(timeout=timeout).topics if n.startswith(settings.topic_prefix)]
+    if not names or not settings.topic_prefix:
+        return []
+    for future in admin.delete_topics(names, operation_timeout=timeout).values():
+        with contextlib.suppress(KafkaException):
+            future.result()
+    return names
+
+
+def _wait_for_metadata(admin: AdminClient, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=timeout).topics
+        ready = all(
+            n in topics and topics[n].error is None
+            and all(p.leader >= 0 for p in topics[n].partitions.values())
+            for n in names
+        )
+        if ready:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topics not ready after {timeout}s: {names}")
