@@ -160,6 +160,15 @@ def log_rows(admitted: list[Admitted]) -> list[tuple[Any, ...]]:
             for a in admitted for b in (a.batch,) for line in a.lines]
 
 
+def without_nul(batch: LogBatch) -> LogBatch:
+    """`batch` with NUL characters replaced (U+FFFD): a worker escapes them, a record
+    written by hand may not."""
+    return batch.model_copy(update={"lines": [line.model_copy(update={
+        "text": line.text.replace("\x00", "\ufffd"),
+        "level": None if line.level is None else line.level.replace("\x00", "\ufffd")})
+        for line in batch.lines]})
+
+
 async def delivery_logs(conn: Any, batches: list[LogBatch]
                         ) -> tuple[dict[Key, DeliveryLog], dict[UUID, ExecutionState],
                                    set[tuple[UUID, int, int]]]:
@@ -187,11 +196,14 @@ async def delivery_logs(conn: Any, batches: list[LogBatch]
     return deliveries, executions, repeats
 
 
-async def insert_logs(conn: Any, batches: list[LogBatch], limit: int = DEFAULT_LIMIT
-                      ) -> list[Admitted]:
+async def insert_logs(conn: Any, batches: list[LogBatch], limit: int = DEFAULT_LIMIT,
+                      sanitize: bool = False) -> list[Admitted]:
     """The lines of `batches` that their deliveries' bounds admit (log_bounds.py), with
     what each delivery then holds, and the end of each delivery whose final batch is
-    among them; returns each batch's outcome, in order."""
+    among them; returns each batch's outcome, in order. `sanitize`: the batch is written
+    again after PostgreSQL refused its characters (NUL replaced, as in the rest of it)."""
+    if sanitize:
+        batches = [without_nul(b) for b in batches]
     deliveries, executions, repeats = await delivery_logs(conn, batches)
     admitted = admit(batches, deliveries, executions, repeats, limit)
     rows = log_rows(admitted)
@@ -294,7 +306,8 @@ class ProjectionStore:
         if fresh.alerts:
             await conn.execute(query("upsert_alerts"), *tidy(alert_arrays(fresh.alerts)))
         if fresh.logs:
-            admitted = await insert_logs(conn, [c.batch for c in fresh.logs], self.log_limit)
+            admitted = await insert_logs(conn, [c.batch for c in fresh.logs], self.log_limit,
+                                         sanitize)
             fresh.refused = [RefusedLog(c.message, a.reason(self.log_limit), dict(a.refused))
                              for c, a in zip(fresh.logs, admitted, strict=True) if a.refused]
         return patches

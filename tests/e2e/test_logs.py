@@ -266,3 +266,24 @@ def test_hand_published_lines_past_the_limit_or_after_the_end_are_refused_dead_l
                message="its lines counted by the new monitor")
     assert lines_of(running["execution_id"]) == kept
     assert monitor.alive() and all(p.alive() for name, p in services.items() if name != "monitor")
+
+
+def test_a_hand_published_line_with_a_nul_is_kept_escaped_and_the_monitor_carries_on(
+    processes: Processes, topics: Settings,
+) -> None:
+    """PostgreSQL text holds no NUL, which JSON carries ("\\u0000") and a worker never
+    sends (capture.py escapes it): such a record once stopped the monitor for good (its
+    batch refused again when written sanitised, the projection failed, and a restarted
+    monitor read the same record). Its line is kept with U+FFFD instead."""
+    monitor = processes.start("monitor")
+    monitor.wait_for_log("action=partitions_assigned")
+    t = topics.topics
+    row = {"execution_id": uuid.uuid4(), "job_id": "j", "run_id": uuid.uuid4(), "attempt_number": 1,
+           "delivery": 1}
+    produce_json(topics, t.execution_logs, str(row["execution_id"]), forged(row, 0, ["a\x00b"]))
+    produce_json(topics, t.execution_logs, str(row["execution_id"]), forged(row, 1, ["after"]))
+    stored = eventually(lambda: len(rows := sql(
+        topics.database_url, "SELECT line FROM execution_logs WHERE execution_id = $1 ORDER BY seq",
+        row["execution_id"])) == 2 and rows, 30, message="both lines kept")
+    assert [r["line"] for r in stored] == ["a\ufffdb", "after"]
+    assert monitor.alive()
