@@ -23,8 +23,9 @@ log to the same bound, batch by batch, in the order the batches were consumed:
 What is refused is counted per batch by reason ("limit", "ended"), so the batch can be
 dead-lettered with the reason and the lines counted once its transaction commits.
 
-Worked example, limit 100 bytes, one delivery, each line 40 bytes:
-    batch A: seq 0, 1        -> both kept (80 bytes)
+Worked example, limit 100 bytes (164 with room for the notes the worker appends to lines
+it cut), one delivery, each line 60 bytes:
+    batch A: seq 0, 1        -> both kept (120 bytes)
     batch B: seq 1, 2, 3     -> seq 1 is a repeat; seq 2 does not fit: "[log cut]" at seq 2,
                                 seq 2 and 3 refused ("limit", 2 lines)
     batch C: seq 4 traceback -> kept (its own allowance); final: the log ends at 5

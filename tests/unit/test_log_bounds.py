@@ -61,20 +61,19 @@ class Projection:
 
 
 def test_the_worked_example_of_the_module() -> None:
-    """log_bounds' docstring: limit 100 bytes, lines of 40."""
+    """log_bounds' docstring: limit 100 bytes, lines of 60."""
     d, projection, limit = due(), Projection(), 100
-    line = "x" * 40
-    budget_left = log_bounds.handler_budget(limit) - limit
+    line = "x" * 60
+    assert log_bounds.handler_budget(limit) == 164
     a = projection.transaction([batch(d, 0, [out(line), out(line)])], limit)
-    b = projection.transaction([batch(d, 1, [out(line), out(line + "y" * budget_left), out(line)])],
-                               limit)
+    b = projection.transaction([batch(d, 1, [out(line), out(line), out(line)])], limit)
     c = projection.transaction([batch(d, 4, [out("Traceback ...", "traceback")], final=True)], limit)
     late = projection.transaction([batch(d, 5, [out(line)])], limit)
 
     assert [x.seq for x in a[0].lines] == [0, 1] and not a[0].refused
     [cut] = b[0].lines
     assert (cut.seq, cut.stream, cut.level) == (2, "cronstream", "WARNING")
-    assert cut.text.startswith("[log cut]") and "kept up to 100 bytes, cut after 80" in cut.text
+    assert cut.text.startswith("[log cut]") and "kept up to 100 bytes, cut after 120" in cut.text
     assert b[0].refused == {LIMIT: 2}
     assert [x.stream for x in c[0].lines] == ["traceback"] and c[0].end == 5
     assert late[0].lines == [] and late[0].refused == {ENDED: 1}
@@ -166,7 +165,7 @@ def test_once_a_terminal_executions_log_ended_no_delivery_keeps_new_lines() -> N
     assert beyond.refused == {ENDED: 1}  # no delivery after the one a terminal execution ended with
 
 
-def test_the_worker_s_own_lines_have_an_allowance_of_their_own() -> None:
+def test_the_workers_own_lines_have_an_allowance_of_their_own() -> None:
     d, projection, limit = due(), Projection(), 4096
     note = "n" * 1000
     outcomes = projection.transaction(
