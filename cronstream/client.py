@@ -340,16 +340,20 @@ class AsyncClient:
         return Execution.from_row(rows[0]) if rows else None
 
     async def logs(self, execution_id: UUID, *, attempt: int | None = None
-                   ) -> builtins.list[LogEntry]:
+                   ) -> AsyncGenerator[LogEntry, None]:
         """The log of an execution as projected so far (every delivery, in order), or of
-        attempt `attempt` of the same job in the same run. NotFoundError: no such execution."""
+        attempt `attempt` of the same job in the same run, line by line: a page of
+        LOG_PAGE lines is read when the one before is consumed, so a long log never sits in
+        memory whole. NotFoundError (on the first line): no such execution."""
         target = await self._attempt(execution_id, attempt)
-        lines: builtins.list[LogEntry] = []
+        last: LogEntry | None = None
         while True:
-            batch = await self._lines_after(target, lines[-1] if lines else None)
-            lines += batch
-            if len(batch) < LOG_PAGE:
-                return lines
+            page = await self._lines_after(target, last)
+            for line in page:
+                yield line
+            if len(page) < LOG_PAGE:
+                return
+            last = page[-1]
 
     async def follow_logs(self, execution_id: UUID, *, attempt: int | None = None,
                           poll_seconds: float = 1.0) -> AsyncGenerator[LogEntry, None]:
@@ -616,13 +620,17 @@ class Client:
     def execution(self, execution_id: UUID) -> Execution | None:
         return self._run(self._async.execution(execution_id))
 
-    def logs(self, execution_id: UUID, *, attempt: int | None = None) -> builtins.list[LogEntry]:
-        """The log of an execution as projected so far (AsyncClient.logs)."""
-        return self._run(self._async.logs(execution_id, attempt=attempt))
+    def logs(self, execution_id: UUID, *, attempt: int | None = None) -> Iterator[LogEntry]:
+        """The log of an execution as projected so far, line by line, a page read as the
+        one before is consumed (AsyncClient.logs)."""
+        return self._iterate(self._async.logs(execution_id, attempt=attempt))
 
     def follow_logs(self, execution_id: UUID, *, attempt: int | None = None) -> Iterator[LogEntry]:
         """Its lines as they come, until the execution has ended (AsyncClient.follow_logs)."""
-        lines = self._async.follow_logs(execution_id, attempt=attempt)
+        return self._iterate(self._async.follow_logs(execution_id, attempt=attempt))
+
+    def _iterate(self, lines: AsyncGenerator[LogEntry, None]) -> Iterator[LogEntry]:
+        """`lines`, stepped on the client's loop one at a time."""
 
         async def step() -> LogEntry | None:
             return await anext(lines, None)

@@ -228,6 +228,12 @@ QUEUE_DEPTH = Gauge(
     registry=None,
 )
 WORKERS = Gauge("cronstream_workers", "Known workers by status.", ["status"], registry=None)
+LOG_LINES_REFUSED = Counter(
+    "cronstream_log_lines_refused",
+    "Log lines the monitor did not keep: past an attempt's limit, or after its log ended.",
+    ["reason"],
+    registry=None,
+)
 REQUEUES = Counter("cronstream_requeues", "Executions re-queued, by why.", ["reason"], registry=None)
 
 # -- analytics ----------------------------------------------------------------------------
@@ -323,6 +329,7 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         QUEUE_DEPTH,
         WORKERS,
         REQUEUES,
+        LOG_LINES_REFUSED,
     ),
     "analytics": (
         ANALYTICS_EVENTS,

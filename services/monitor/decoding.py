@@ -4,7 +4,8 @@ Every item keeps its (partition, offset) so that the part another monitor has al
 projected can be left out (store.py: the fence). Records that do not decode are
 dead-lettered (published with the batch, before its PostgreSQL commit); bad
 `job-definitions` records are the scheduler's to dead-letter, so the monitor only logs
-and skips them.
+and skips them. A log record keeps its message: lines of it refused where they are kept
+(log_bounds.py) dead-letter it then, through the same path (`reject`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ class DefinitionRecord:
     deleted_by: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumedLog:
+    """One record of `execution-logs`: its batch of lines, where it was read, and the record
+    itself (dead-lettered when its lines are refused: services/monitor/log_bounds.py)."""
+
+    batch: LogBatch
+    partition: int
+    offset: int
+    message: Message
+
+
 @dataclass
 class MonitorBatch:
     """One consumed batch, decoded, each item with its partition and offset."""
@@ -60,7 +72,7 @@ class MonitorBatch:
     definitions: list[DefinitionRecord] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
-    logs: list[tuple[LogBatch, int, int]] = field(default_factory=list)
+    logs: list[ConsumedLog] = field(default_factory=list)
     dead: list[tuple[OutRecord, str, int, int]] = field(default_factory=list)
     traces: dict[UUID, str] = field(default_factory=dict)  # event_id -> traceparent
     epoch: int = 0  # the monitor's resync epoch when it was read (service.py: _resync)
@@ -95,9 +107,9 @@ class Decoder:
                     batch.events.append((event, partition, offset))
                     self._trace(batch, event, msg)
                 elif topic == t.execution_logs:
-                    batch.logs.append((decode(LogBatch, msg.value(), key=msg.key(),
-                                              key_field="execution_id",
-                                              max_bytes=MAX_LOG_BATCH_BYTES), partition, offset))
+                    batch.logs.append(ConsumedLog(
+                        decode(LogBatch, msg.value(), key=msg.key(), key_field="execution_id",
+                               max_bytes=MAX_LOG_BATCH_BYTES), partition, offset, msg))
                 elif topic == t.heartbeats:
                     beat = decode(Heartbeat, msg.value(), key=msg.key(), key_field="worker_id")
                     batch.beats.append((beat, partition, offset))
@@ -120,6 +132,13 @@ class Decoder:
                     consumed.reject(msg, str(exc))
                     batch.dead.append((consumed.dead[-1], topic, partition, offset))
         return batch
+
+    def reject(self, msg: Message, reason: str) -> list[OutRecord]:
+        """The dead letter of a record that decoded but was refused where it is written
+        (log lines past their bounds: log_bounds.py), through the one inbound path."""
+        refused = self.inbound.batch([])
+        refused.reject(msg, reason)
+        return refused.dead
 
     @staticmethod
     def _trace(batch: MonitorBatch, event: EventRecord, msg: Message) -> None:

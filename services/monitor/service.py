@@ -4,6 +4,7 @@ Consumes `execution-events`, `heartbeats`, `job-definitions`, `commands` and `al
 (read_committed). The rooms:
 - decoding.py: a batch through the one inbound path (dead letters on any failure);
 - store.py: the fenced projection, one PostgreSQL transaction per batch with its offsets;
+- log_bounds.py: each delivery's log kept to its limit, nothing kept after its end;
 - advance.py: DAG advancement and approvals, decided once inside that transaction;
 - outbound.py: every record the monitor publishes;
 - housekeeping.py: dead workers (fenced, then re-queued), orphans, next runs, figures;
@@ -136,7 +137,8 @@ class MonitorService:
         pool = await self._connect(stopping)
         if pool is None:
             return
-        store = self._store = ProjectionStore(pool, self.group, self.topics)
+        store = self._store = ProjectionStore(pool, self.group, self.topics,
+                                              log_limit=self.settings.worker_log_limit_bytes)
         producer = self._producer = IdempotentProducer(
             producer_config(self.settings, f"monitor-{self.instance}"))
         housekeeping = Housekeeping(self.settings, pool, store, producer=producer,
@@ -307,6 +309,8 @@ class MonitorService:
                 raise DatabaseRestarted("the database restarted")
             patches = await self._store.write(fresh, sanitize)
             outgoing: list[OutRecord] = list(fresh.dead)
+            for refused in fresh.refused:
+                outgoing += self.decoder.reject(refused.message, refused.reason)
             outgoing += [self.outbound.permanently_failed(e, self._headers(fresh, e))
                          for e, _, _ in fresh.events
                          if isinstance(e, ExecutionEvent) and e.status == "PERMANENTLY_FAILED"]
@@ -366,6 +370,9 @@ class MonitorService:
                               event.priority or "").inc()
         for alert, _, _ in fresh.alerts:
             metrics.ALERTS.labels(kind=alert.kind, state=alert.state).inc()
+        for refused in fresh.refused:
+            for reason, lines in refused.lines.items():
+                metrics.LOG_LINES_REFUSED.labels(reason=reason).inc(lines)
 
     @staticmethod
     def _commit_to_kafka(consumer: OnLane, offsets: list[TopicPartition]) -> None:

@@ -11,6 +11,9 @@ first, in a fixed order, and whatever lies below the stored offset was projected
 PostgreSQL text cannot hold NUL characters, which JSON can carry ("\\u0000"): a batch
 refused for its characters is written again with them replaced (U+FFFD), rather than
 stopping the projection for good.
+
+Log lines are kept within their delivery's bounds (log_bounds.py): what each delivery
+holds is read once per batch, and written back once per delivery, in the same transaction.
 """
 
 from __future__ import annotations
@@ -21,10 +24,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 import asyncpg
+from confluent_kafka import Message
 
-from cronstream.services.monitor.decoding import DefinitionRecord, MonitorBatch
+from cronstream.services.monitor.decoding import ConsumedLog, DefinitionRecord, MonitorBatch
+from cronstream.services.monitor.log_bounds import (
+    DEFAULT_LIMIT,
+    Admitted,
+    DeliveryLog,
+    ExecutionState,
+    Key,
+    admit,
+)
 from cronstream.services.monitor.projection import (
     ExecutionPatch,
     alert_arrays,
@@ -38,9 +51,20 @@ from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.logs import log
 from cronstream.shared.records import Alert, Command, Heartbeat, LogBatch, now_utc
 from cronstream.shared.schedule import next_fire
+from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedLog:
+    """A log record some of whose lines were not kept: dead-lettered with `reason`, its
+    refused lines counted by why (`lines`) once the batch commits."""
+
+    message: Message
+    reason: str
+    lines: dict[str, int]
 
 
 @dataclass
@@ -53,10 +77,11 @@ class Fresh:
     definitions: list[DefinitionRecord] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
-    logs: list[LogBatch] = field(default_factory=list)
+    logs: list[ConsumedLog] = field(default_factory=list)
     dead: list[Any] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     traces: dict[Any, str] = field(default_factory=dict)  # event_id -> traceparent
+    refused: list[RefusedLog] = field(default_factory=list)  # log records with lines not kept
 
     @property
     def count(self) -> int:
@@ -128,26 +153,75 @@ async def insert_events(conn: Any, rows: list[tuple[Any, ...]], sanitize: bool =
                  staged="staged_events", insert="insert_events")
 
 
-def log_rows(batches: list[LogBatch]) -> list[tuple[Any, ...]]:
-    """Rows of `execution_logs` (in _LOG_COLUMNS' order) from log batches."""
+def log_rows(admitted: list[Admitted]) -> list[tuple[Any, ...]]:
+    """Rows of `execution_logs` (in _LOG_COLUMNS' order): the lines kept of each batch."""
     return [(b.execution_id, b.delivery, line.seq, b.job_id, b.attempt_number, line.at,
              line.stream, line.level, line.text, b.worker_id, b.trace_id)
-            for b in batches for line in b.lines]
+            for a in admitted for b in (a.batch,) for line in a.lines]
 
 
-async def insert_logs(conn: Any, batches: list[LogBatch]) -> None:
-    """The lines of `batches` (their text holds no NUL: the worker escapes it), and the
-    end of each delivery whose final batch is among them."""
-    rows = log_rows(batches)
+def without_nul(batch: LogBatch) -> LogBatch:
+    """`batch` with NUL characters replaced (U+FFFD): a worker escapes them, a record
+    written by hand may not."""
+    return batch.model_copy(update={"lines": [line.model_copy(update={
+        "text": line.text.replace("\x00", "\ufffd"),
+        "level": None if line.level is None else line.level.replace("\x00", "\ufffd")})
+        for line in batch.lines]})
+
+
+async def delivery_logs(conn: Any, batches: list[LogBatch]
+                        ) -> tuple[dict[Key, DeliveryLog], dict[UUID, ExecutionState],
+                                   set[tuple[UUID, int, int]]]:
+    """What the deliveries of `batches` hold where they are kept, their executions, and
+    which of the batches' lines below a delivery's next_seq the log holds already (asked
+    only when there are such lines: a batch sent twice, not the common case)."""
+    keys = list(dict.fromkeys((b.execution_id, b.delivery) for b in batches))
+    deliveries: dict[Key, DeliveryLog] = {}
+    executions: dict[UUID, ExecutionState] = {}
+    for r in await conn.fetch(query("log_states"), [k[0] for k in keys], [k[1] for k in keys],
+                              list(TERMINAL)):
+        key = (r["execution_id"], r["delivery"])
+        deliveries[key] = DeliveryLog(
+            r["handler_bytes"] or 0, r["note_bytes"] or 0, r["next_seq"] or 0, bool(r["cut"]),
+            r["end_lines"])
+        executions[key[0]] = ExecutionState(r["terminal"], r["execution_delivery"],
+                                            r["execution_ended"])
+    below = [(b.execution_id, b.delivery, line.seq) for b in batches
+             for line in b.lines if line.seq < deliveries[b.execution_id, b.delivery].next_seq]
+    repeats: set[tuple[UUID, int, int]] = set()
+    if below:
+        repeats = {(r["execution_id"], r["delivery"], r["seq"]) for r in await conn.fetch(
+            query("kept_log_seqs"), [x[0] for x in below], [x[1] for x in below],
+            [x[2] for x in below])}
+    return deliveries, executions, repeats
+
+
+async def insert_logs(conn: Any, batches: list[LogBatch], limit: int = DEFAULT_LIMIT,
+                      sanitize: bool = False) -> list[Admitted]:
+    """The lines of `batches` that their deliveries' bounds admit (log_bounds.py), with
+    what each delivery then holds, and the end of each delivery whose final batch is
+    among them; returns each batch's outcome, in order. `sanitize`: the batch is written
+    again after PostgreSQL refused its characters (NUL replaced, as in the rest of it)."""
+    if sanitize:
+        batches = [without_nul(b) for b in batches]
+    deliveries, executions, repeats = await delivery_logs(conn, batches)
+    admitted = admit(batches, deliveries, executions, repeats, limit)
+    rows = log_rows(admitted)
     if rows:
         await append(conn, "execution_logs", _LOG_COLUMNS, rows, staged="staged_log_lines",
                      insert="insert_log_lines")
-    ends = [b for b in batches if b.final]
+    changed = [(k, d) for k, d in deliveries.items() if d.changed]
+    if changed:
+        await conn.execute(query("upsert_log_sizes"), [k[0] for k, _ in changed],
+                           [k[1] for k, _ in changed], [d.handler_bytes for _, d in changed],
+                           [d.note_bytes for _, d in changed], [d.next_seq for _, d in changed],
+                           [d.cut for _, d in changed])
+    ends = [a for a in admitted if a.end is not None]
     if ends:
-        await conn.execute(query("insert_log_ends"), [b.execution_id for b in ends],
-                           [b.delivery for b in ends],
-                           [b.lines[-1].seq + 1 if b.lines else 0 for b in ends],
-                           [b.lines[-1].at if b.lines else now_utc() for b in ends])
+        await conn.execute(query("insert_log_ends"), [a.batch.execution_id for a in ends],
+                           [a.batch.delivery for a in ends], [a.end for a in ends],
+                           [a.batch.lines[-1].at if a.batch.lines else now_utc() for a in ends])
+    return admitted
 
 
 async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: bool = False) -> None:
@@ -158,10 +232,12 @@ async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: boo
 
 
 class ProjectionStore:
-    def __init__(self, pool: asyncpg.Pool, group: str, topics: Topics) -> None:
+    def __init__(self, pool: asyncpg.Pool, group: str, topics: Topics, *,
+                 log_limit: int = DEFAULT_LIMIT) -> None:
         self.pool = pool
         self.group = group
         self.topics = topics
+        self.log_limit = log_limit  # bytes of an attempt's log (log_bounds.py)
 
     async def stored_offsets(self) -> dict[tuple[str, int], int]:
         rows = await self.pool.fetch(query("load_offsets"), self.group)
@@ -186,7 +262,7 @@ class ProjectionStore:
                              if new(t.job_definitions, d.partition, d.offset)],
                 commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
                 alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
-                logs=[b for b, p, o in batch.logs if new(t.execution_logs, p, o)],
+                logs=[c for c in batch.logs if new(t.execution_logs, c.partition, c.offset)],
                 dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
                 offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
                 traces=batch.traces,
@@ -230,7 +306,10 @@ class ProjectionStore:
         if fresh.alerts:
             await conn.execute(query("upsert_alerts"), *tidy(alert_arrays(fresh.alerts)))
         if fresh.logs:
-            await insert_logs(conn, fresh.logs)
+            admitted = await insert_logs(conn, [c.batch for c in fresh.logs], self.log_limit,
+                                         sanitize)
+            fresh.refused = [RefusedLog(c.message, a.reason(self.log_limit), dict(a.refused))
+                             for c, a in zip(fresh.logs, admitted, strict=True) if a.refused]
         return patches
 
     async def _definition(self, conn: Any, record: DefinitionRecord, sanitize: bool) -> None:

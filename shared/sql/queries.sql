@@ -41,6 +41,38 @@ INSERT INTO execution_log_ends (execution_id, delivery, lines, ended_at)
 SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[])
 ON CONFLICT (execution_id, delivery) DO NOTHING;
 
+-- name: log_states
+-- What the deliveries ($1, $2) of a batch's log lines hold where they are kept, their
+-- ends, and their executions as projected ($3: the terminal statuses), for the bounds of
+-- services/monitor/log_bounds.py. One row per delivery; index lookups only.
+SELECT k.execution_id, k.delivery, s.handler_bytes, s.note_bytes, s.next_seq, s.cut,
+       e.lines AS end_lines,
+       coalesce(je.status = ANY ($3::text[]), false) AS terminal,
+       je.delivery AS execution_delivery,
+       EXISTS (SELECT 1 FROM execution_log_ends x
+               WHERE x.execution_id = je.execution_id AND x.delivery = je.delivery)
+           AS execution_ended
+FROM unnest($1::uuid[], $2::int[]) AS k(execution_id, delivery)
+LEFT JOIN execution_log_sizes s ON s.execution_id = k.execution_id AND s.delivery = k.delivery
+LEFT JOIN execution_log_ends e ON e.execution_id = k.execution_id AND e.delivery = k.delivery
+LEFT JOIN job_executions je ON je.execution_id = k.execution_id;
+
+-- name: kept_log_seqs
+-- Which of these lines ($1 execution, $2 delivery, $3 seq) the log holds already.
+SELECT l.execution_id, l.delivery, l.seq
+FROM unnest($1::uuid[], $2::int[], $3::int[]) AS k(execution_id, delivery, seq)
+JOIN execution_logs l ON l.execution_id = k.execution_id AND l.delivery = k.delivery
+                     AND l.seq = k.seq;
+
+-- name: upsert_log_sizes
+-- What the deliveries hold after a batch (absolute: only the monitor that holds their
+-- partition, fenced, writes them).
+INSERT INTO execution_log_sizes (execution_id, delivery, handler_bytes, note_bytes, next_seq, cut)
+SELECT * FROM unnest($1::uuid[], $2::int[], $3::bigint[], $4::bigint[], $5::int[], $6::bool[])
+ON CONFLICT (execution_id, delivery) DO UPDATE
+SET handler_bytes = EXCLUDED.handler_bytes, note_bytes = EXCLUDED.note_bytes,
+    next_seq = EXCLUDED.next_seq, cut = EXCLUDED.cut;
+
 -- name: insert_events
 INSERT INTO execution_events (
     event_id, execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,

@@ -31,6 +31,9 @@ WITH doomed AS (
     DELETE FROM execution_log_ends
     WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
     RETURNING 1
+), log_sizes AS (
+    DELETE FROM execution_log_sizes
+    WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))
 ), executions AS (
     DELETE FROM job_executions
     WHERE execution_id = ANY (ARRAY(SELECT execution_id FROM doomed))

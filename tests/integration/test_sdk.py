@@ -4,10 +4,12 @@ Client from threads and from async code, mappings in apply, errors with meaning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -132,3 +134,49 @@ def test_unreachable_servers_raise_unavailable(topics: Settings) -> None:
     missing = topics.model_copy(update={"topic_prefix": f"missing{uuid.uuid4().hex[:6]}."})
     with Client(missing) as client, pytest.raises(CronstreamError, match="run `cronstream init`"):
         client.delete("x")
+
+
+def test_client_logs_reads_a_page_only_once_the_one_before_is_consumed(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long log streams: the first line costs one page, not the whole log (a log of
+    104,000 lines once needed 112 MB in `cronstream logs`)."""
+    from cronstream.client import LOG_PAGE
+
+    execution, total = uuid.uuid4(), 2 * LOG_PAGE + 10
+    sql(settings.database_url,
+        "INSERT INTO job_executions (execution_id, job_id, run_id, status, scheduled_at, "
+        "attempt_number, last_event, updated_at) "
+        "VALUES ($1, 'chatty', gen_random_uuid(), 'COMPLETED', now(), 1, 'COMPLETED', now())",
+        execution)
+    sql(settings.database_url,
+        "INSERT INTO execution_logs (execution_id, delivery, seq, job_id, attempt_number, at, "
+        "stream, line) SELECT $1, 1, i, 'chatty', 1, now(), 'stdout', 'line ' || i "
+        "FROM generate_series(0, $2::int - 1) AS i", execution, total)
+    pages: list[int] = []
+
+    def counting(fetch: Any) -> Any:
+        async def counted(name: str, *args: Any) -> Any:
+            if name == "log_lines":
+                pages.append(len(pages) + 1)
+            return await fetch(name, *args)
+        return counted
+
+    with Client(settings) as client:
+        monkeypatch.setattr(client._async, "fetch", counting(client._async.fetch))
+        lines = iter(client.logs(execution))
+        assert pages == [], "nothing is read before the first line is asked for"
+        assert next(lines).text == "line 0"
+        assert pages == [1]
+        rest = [next(lines) for _ in range(LOG_PAGE - 1)]
+        assert pages == [1] and rest[-1].seq == LOG_PAGE - 1
+        assert [line.seq for line in lines] == list(range(LOG_PAGE, total))
+        assert pages == [1, 2, 3]
+
+    async def first_line() -> str:
+        async with AsyncClient(settings) as client:
+            monkeypatch.setattr(client, "fetch", counting(client.fetch))
+            async with contextlib.aclosing(client.logs(execution)) as lines:
+                return (await anext(lines)).text
+
+    pages.clear()
+    assert asyncio.run(first_line()) == "line 0" and pages == [1]
