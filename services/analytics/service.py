@@ -57,11 +57,13 @@ from cronstream.services.analytics.windows import (
     success_rate_low,
 )
 from cronstream.shared import metrics
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import decode_key
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import SKIP, Batch, Inbound
 from cronstream.shared.kafka.config import producer_config, reader_config
 from cronstream.shared.kafka.consumer import ConsumerThread
+from cronstream.shared.kafka.lag import WorkLag
 from cronstream.shared.kafka.reading import offsets_since, position, read_to_end, record_time_ms
 from cronstream.shared.lifecycle import wait_or_stop
 from cronstream.shared.logs import log
@@ -75,7 +77,6 @@ from cronstream.shared.records import (
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
-from cronstream.shared.work_lag import WorkLag
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +99,10 @@ def _iso(ms: int) -> str:
 class AnalyticsService:
     name = SERVICE
 
-    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+    def __init__(self, settings: Settings, instance: str | None = None,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
         self.health = Health(self.name)
@@ -119,8 +122,8 @@ class AnalyticsService:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        self._producer = IdempotentProducer(producer_config(self.settings, f"analytics-{self.instance}"))
-        reader = ConsumerThread(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
+        self._producer = self.kafka.idempotent(producer_config(self.settings, f"analytics-{self.instance}"))
+        reader = self.kafka.consumer(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
         sampler: asyncio.Task[None] | None = None
         try:
             ends = await self._start(reader)

@@ -25,19 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
 from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.shared import metrics
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import DecodeError, decode
 from cronstream.shared.fast_records import DueRecord, as_model, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.inbound import Batch, Inbound
-from cronstream.shared.kafka.admin import ensure_topics
 from cronstream.shared.kafka.config import (
-    client_config,
     consumer_config,
     producer_config,
     reader_config,
@@ -93,8 +91,10 @@ class _Work:
 class DispatcherService:
     name = SERVICE
 
-    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+    def __init__(self, settings: Settings, instance: str | None = None,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
         self.health = Health(self.name)
@@ -111,18 +111,24 @@ class DispatcherService:
         self._consumer: ConsumerThread | None = None
         self._producer: TransactionalProducer | None = None
 
-    async def run(self, stopping: asyncio.Event) -> None:
+    def open(self) -> None:
+        """Make the Kafka clients (none is contacted yet)."""
         self._loop = asyncio.get_running_loop()
         conf = consumer_config(
             self.settings, f"dispatcher-{self.instance}", f"{self.topics.prefix}dispatcher",
             **{"partition.assignment.strategy": "range"},
         )
-        consumer = self._consumer = ConsumerThread(conf, "dispatcher")
+        self._consumer = self.kafka.consumer(conf, "dispatcher")
         # A stable id: a restarted instance fences its predecessor and settles its
         # open transaction at once (instead of after transaction.timeout.ms).
         tid = f"{self.topics.prefix}dispatcher-{self.instance}"
-        producer = self._producer = TransactionalProducer(
+        self._producer = self.kafka.transactional(
             producer_config(self.settings, f"dispatcher-{self.instance}", transactional_id=tid))
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        self.open()
+        consumer, producer = self._consumer, self._producer
+        assert consumer is not None and producer is not None
         try:
             await producer.init()
             self._queues = await self._known_queues(stopping)
@@ -154,10 +160,8 @@ class DispatcherService:
         backoff = 0.5
         while True:
             try:
-                admin = AdminClient(client_config(self.settings, "dispatcher-admin"))
-                metadata = await asyncio.get_running_loop().run_in_executor(
-                    None, admin.list_topics, None, 10)
-                topics = metadata.topics
+                topics = await asyncio.get_running_loop().run_in_executor(
+                    None, self.kafka.topic_names, self.settings)
                 return {name[len(prefix):].split(".", 1)[1] for name in topics
                         if name.startswith(prefix) and "." in name[len(prefix):]}
             except KafkaException as exc:
@@ -188,7 +192,7 @@ class DispatcherService:
         records.extend(batch.dead)
         if new_queues:
             await asyncio.get_running_loop().run_in_executor(
-                None, ensure_topics, self.settings, self.topics.work_specs(sorted(new_queues)))
+                None, self.kafka.ensure_topics, self.settings, self.topics.work_specs(sorted(new_queues)))
             self._queues |= new_queues
         state_headers = new_headers()
         records.extend(
@@ -384,8 +388,8 @@ class DispatcherService:
                          load: Callable[[list[Message]], None]) -> None:
         """Feed `dispatcher-state` of `partitions`, to its end, to `load` (a seam: unit tests
         give the service a bus of their own)."""
-        reader = ConsumerThread(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
-                                "dispatcher-state")
+        reader = self.kafka.consumer(reader_config(self.settings, f"dispatcher-{self.instance}-state"),
+                                     "dispatcher-state")
         try:
             await read_to_end(reader, partitions, load)
         finally:

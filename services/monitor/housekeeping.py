@@ -40,22 +40,22 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.store import ProjectionStore
 from cronstream.services.monitor.upstream import step_upstream
 from cronstream.shared import metrics
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.db import query
-from cronstream.shared.kafka.config import OFFSET_BEGINNING, client_config, producer_config, reader_config
+from cronstream.shared.kafka.config import OFFSET_BEGINNING, producer_config, reader_config
 from cronstream.shared.kafka.consumer import ConsumerThread
+from cronstream.shared.kafka.lag import WorkLag
 from cronstream.shared.logs import log
-from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
+from cronstream.shared.producers import IdempotentProducer
 from cronstream.shared.records import now_utc
 from cronstream.shared.schedule import StoredTiming, next_fire
 from cronstream.shared.settings import Settings
-from cronstream.shared.work_lag import WorkLag
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,10 @@ class Sight:
 
 class Housekeeping:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, store: ProjectionStore, *,
-                 producer: IdempotentProducer, outbound: Outbound, instance: str) -> None:
+                 producer: IdempotentProducer, outbound: Outbound, instance: str,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.pool = pool
         self.store = store
@@ -100,7 +102,6 @@ class Housekeeping:
         self.outbound = outbound
         self.instance = instance
         self._reader: ConsumerThread | None = None
-        self._admin: AdminClient | None = None
         self.rounds = 0
         self.sight = Sight(settings.worker_dead_after_seconds)
 
@@ -154,7 +155,7 @@ class Housekeeping:
         """Take the worker's transactional.id: its open transaction is aborted now, and it
         can never commit again under this epoch."""
         tid = f"{self.topics.prefix}worker-{worker_id}"
-        producer = TransactionalProducer(producer_config(
+        producer = self.kafka.transactional(producer_config(
             self.settings, f"monitor-{self.instance}-fence", transactional_id=tid))
         try:
             await producer.init(patience=FENCE_PATIENCE)
@@ -166,21 +167,8 @@ class Housekeeping:
         """The high watermark of each `execution-events` partition (index = partition),
         asked of the partition leaders now. Not the last stable offset: another producer's
         open transaction holds that back below records the fenced worker committed."""
-        topic = self.topics.execution_events
-
-        def ask() -> list[int]:
-            if self._admin is None:
-                self._admin = AdminClient(client_config(self.settings, f"monitor-{self.instance}-ends"))
-            metadata = self._admin.list_topics(topic, 10.0)
-            partitions = sorted(metadata.topics[topic].partitions)
-            futures = self._admin.list_offsets(
-                {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
-                 for p in partitions},
-                isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=10.0)
-            ends = {tp.partition: future.result(15.0).offset for tp, future in futures.items()}
-            return [ends[p] for p in partitions]
-
-        return await asyncio.get_running_loop().run_in_executor(None, ask)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.kafka.latest_offsets, self.settings, self.topics.execution_events)
 
     # -- orphans ----------------------------------------------------------------------------
 
@@ -225,8 +213,8 @@ class Housekeeping:
 
     async def _nothing_unprojected(self) -> bool:
         if self._reader is None:
-            self._reader = ConsumerThread(reader_config(self.settings, f"monitor-{self.instance}-probe"),
-                                          "projection-probe")
+            self._reader = self.kafka.consumer(
+                reader_config(self.settings, f"monitor-{self.instance}-probe"), "projection-probe")
         reader, topic = self._reader, self.topics.execution_events
         stored = await self.store.stored_offsets()
         partitions = await reader.partitions(topic) or []

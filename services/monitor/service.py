@@ -42,6 +42,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.db import SESSION_LOST, fast_timestamps, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
@@ -104,8 +105,10 @@ RETRIABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 class MonitorService:
     name = SERVICE
 
-    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+    def __init__(self, settings: Settings, instance: str | None = None,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
         self.health = Health(self.name)
@@ -139,17 +142,17 @@ class MonitorService:
             return
         store = self._store = ProjectionStore(pool, self.group, self.topics,
                                               log_limit=self.settings.worker_log_limit_bytes)
-        producer = self._producer = IdempotentProducer(
+        producer = self._producer = self.kafka.idempotent(
             producer_config(self.settings, f"monitor-{self.instance}"))
         housekeeping = Housekeeping(self.settings, pool, store, producer=producer,
-                                    outbound=self.outbound, instance=self.instance)
+                                    outbound=self.outbound, instance=self.instance, kafka=self.kafka)
         conf = consumer_config(self.settings, f"monitor-{self.instance}", self.group,
                                **{"fetch.min.bytes": FETCH_MIN_BYTES,
                                   "fetch.wait.max.ms": FETCH_WAIT_MS,
                                   "queued.min.messages": 2 * BATCH})
         conf["stats_cb"] = lag_reporter(self.topics, self.group, self.topics.execution_events,
                                         metrics.PROJECTION_LAG)
-        consumer = self._consumer = ConsumerThread(conf, "monitor")
+        consumer = self._consumer = self.kafka.consumer(conf, "monitor")
         t = self.topics
         tasks: list[asyncio.Task[None]] = []
         try:

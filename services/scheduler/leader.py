@@ -36,6 +36,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from cronstream.services.scheduler.clock import Clock, FirePlan
 from cronstream.services.scheduler.outbound import LeaderRecords
 from cronstream.shared import metrics, telemetry
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import DecodeError, decode_key
 from cronstream.shared.inbound import Batch, Inbound
 from cronstream.shared.kafka.config import OFFSET_BEGINNING, producer_config, reader_config
@@ -88,8 +89,10 @@ def next_round_gap(plan: FirePlan, now_ms: int) -> float:
 class Leader:
     """One term of leadership. Created on assignment of partition 0, stopped on revoke."""
 
-    def __init__(self, settings: Settings, election: ConsumerThread, instance: str) -> None:
+    def __init__(self, settings: Settings, election: ConsumerThread, instance: str,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.election = election
         self.instance = instance
@@ -190,7 +193,7 @@ class Leader:
     async def _take_over(self) -> None:
         started = time.monotonic()
         tid = f"{self.topics.prefix}scheduler-leader"
-        self._producer = TransactionalProducer(
+        self._producer = self.kafka.transactional(
             producer_config(self.settings, f"scheduler-{self.instance}", transactional_id=tid)
         )
         await self._producer.init()
@@ -202,7 +205,7 @@ class Leader:
                 if key:
                     self.clock.load_state(key.decode("utf-8", "replace"), msg.value())
 
-        state_reader = ConsumerThread(reader_config(self.settings, "scheduler-state"), "state")
+        state_reader = self.kafka.consumer(reader_config(self.settings, "scheduler-state"), "state")
         try:
             await read_to_end(state_reader, [TopicPartition(self.topics.scheduler_state, 0)],
                               load_state)
@@ -221,8 +224,8 @@ class Leader:
             return
 
         retries: dict[bytes, Message] = {}
-        self._retries_reader = ConsumerThread(reader_config(self.settings, "scheduler-retries"),
-                                              "retries")
+        self._retries_reader = self.kafka.consumer(reader_config(self.settings, "scheduler-retries"),
+                                                   "retries")
         await read_to_end(
             self._retries_reader, [TopicPartition(self.topics.retries, 0)],
             lambda msgs: retries.update({m.key() or b"": m for m in msgs}),

@@ -16,6 +16,7 @@ import time
 from confluent_kafka import TopicPartition
 
 from cronstream.services.scheduler.leader import Leader
+from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka.config import END_FETCH_WAIT_MS, consumer_config
@@ -31,8 +32,10 @@ OFFSET_BEGINNING = -2
 class SchedulerService:
     name = "scheduler"
 
-    def __init__(self, settings: Settings, instance: str | None = None) -> None:
+    def __init__(self, settings: Settings, instance: str | None = None,
+                 kafka: KafkaClients = REAL) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
         self.health = Health(self.name)
@@ -61,7 +64,7 @@ class SchedulerService:
                 "fetch.wait.max.ms": END_FETCH_WAIT_MS,
             },
         )
-        election = self._election = ConsumerThread(conf, "election")
+        election = self._election = self.kafka.consumer(conf, "election")
         await election.subscribe([self.topics.job_definitions], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         log(logger, "scheduler_standby", instance=self.instance)
@@ -91,7 +94,7 @@ class SchedulerService:
         if self.leader is None and self._assigned and time.monotonic() >= self._retry_after:
             assert self._election is not None
             log(logger, "leader_elected", instance=self.instance)
-            self.leader = Leader(self.settings, self._election, self.instance)
+            self.leader = Leader(self.settings, self._election, self.instance, self.kafka)
             self.leader.start()
 
     async def _stop_leader(self, reason: str) -> None:

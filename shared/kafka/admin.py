@@ -1,5 +1,6 @@
-"""Topics: created idempotently (`cronstream init`, services at start), deleted by prefix
-(tests and benchmarks)."""
+"""Topics: created idempotently (`cronstream init`, services at start), listed, their
+partitions' ends asked of their leaders, deleted by prefix (tests and benchmarks).
+Blocking calls: services run them in an executor."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
 from cronstream.shared.kafka.config import client_config
 from cronstream.shared.kafka.errors import kafka_error
@@ -70,3 +71,23 @@ def _wait_for_metadata(admin: AdminClient, names: list[str], timeout: float) -> 
             return
         time.sleep(0.1)
     raise TimeoutError(f"topics not ready after {timeout}s: {names}")
+
+
+def topic_names(settings: Settings, timeout: float = 10.0) -> list[str]:
+    """Every topic the cluster holds."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    return sorted(admin.list_topics(timeout=timeout).topics)
+
+
+def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> list[int]:
+    """The high watermark of each partition of `topic` (index = partition), asked of the
+    partition leaders now: not the last stable offset, which another producer's open
+    transaction holds back."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    partitions = sorted(admin.list_topics(topic, timeout).topics[topic].partitions)
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
+         for p in partitions},
+        isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout)
+    ends = {tp.partition: future.result(timeout + 5).offset for tp, future in futures.items()}
+    return [ends[p] for p in partitions]

@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import Message
 
 from cronstream.services.dispatcher.service import DispatcherService
 from cronstream.shared.inbound import DLQ_ERROR
@@ -19,24 +19,24 @@ from cronstream.shared.kafka.reading import position
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.settings import Settings
 from tests.support import headers, value
-from tests.unit.bus import MemoryBus, MemoryConsumerThread, MemoryProducer
+from tests.unit.bus import MemoryBus, clients
 
 SETTINGS = Settings(topic_prefix="u.", topic_partitions=3)
 T = SETTINGS.topics
 
 
 def dispatcher(bus: MemoryBus) -> DispatcherService:
-    service = DispatcherService(SETTINGS, "d1")
-    service._consumer = MemoryConsumerThread(bus)  # type: ignore[assignment]
-    service._producer = MemoryProducer(bus)  # type: ignore[assignment]
-    service._queues = {"default"}
-    service._owned = {0, 1, 2}
+    """A dispatcher on `bus` (its clients opened, none started) owning every job-due
+    partition, its state read from the bus."""
+    service = DispatcherService(SETTINGS, "d1", clients(bus))
 
-    async def read_state(partitions: list[TopicPartition], load: Any) -> None:
-        load([m for tp in partitions for m in bus.read(tp.topic, tp.partition, 0)])
+    async def opened() -> None:
+        service.open()
+        service._queues = {"default"}
+        service._owned = {0, 1, 2}
+        await service._load_state(service._owned)
 
-    service.read_state = read_state  # type: ignore[method-assign]
-    asyncio.run(service._load_state(service._owned))
+    asyncio.run(opened())
     return service
 
 

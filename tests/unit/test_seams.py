@@ -150,3 +150,23 @@ def test_every_cli_command_prints_through_output_so_untrusted_text_is_escaped() 
             if name in ("print", "click.echo", "click.secho", "sys.stdout.write", "sys.stderr.write"):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
     assert wrong == []
+
+
+def test_no_service_touches_the_librdkafka_consumer_outside_the_kafka_seam() -> None:
+    """Services read Kafka through shared/kafka's ConsumerThread and its verbs (issue 54):
+    none imports confluent-kafka's Consumer or reaches for a wrapper's inner consumer, so
+    the in-memory bus of the unit tests fakes our interface, not librdkafka's."""
+    wrong = []
+    for path, tree in modules(SERVICES, SHARED):
+        if path.relative_to(ROOT).parts[:2] == ("shared", "kafka"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "confluent_kafka" and \
+                    any(alias.name in ("Consumer", "DeserializingConsumer") for alias in node.names):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports Consumer")
+            elif isinstance(node, ast.Attribute) and (
+                    (node.attr == "consumer" and not ast.unparse(node.value).endswith("kafka"))
+                    or (node.attr == "_consumer" and ast.unparse(node.value) != "self")):
+                # `.consumer` is the client factory (KafkaClients.consumer) and nothing else.
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert wrong == []
