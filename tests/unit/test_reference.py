@@ -1,6 +1,6 @@
 """The reference (docs/reference/) says what the code does: its generated parts are what
 the code generates now, its hand-written numbers and names are the code's constants, its
-links land on a heading."""
+links land on a heading, and nothing cites the contract it replaced."""
 
 from __future__ import annotations
 
@@ -122,6 +122,15 @@ def test_every_link_into_the_reference_lands_on_a_page_and_a_heading() -> None:
             if file not in targets or (anchor and anchor not in targets[file]):
                 broken.append(f"{path.relative_to(ROOT)}: reference/{file}#{anchor or ''}")
     assert broken == []
+
+
+def test_no_citation_of_the_old_contract_is_left() -> None:
+    """The contract is docs/reference/: point there (`docs/reference/semantics.md#retries`)."""
+    cited = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in tree() if path != Path(__file__)
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if re.search(r"\bSPEC\b", line)]
+    assert cited == []
 
 
 # -- hand-written facts -------------------------------------------------------------
