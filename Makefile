@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench bench-side-by-side lint schemas dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
+.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench bench-side-by-side lint schemas reference dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -111,6 +111,9 @@ lint: install ## ruff and mypy
 
 schemas: install ## Regenerate the JSON Schemas in schemas/ from the models
 	$(BIN)/python -m cronstream.shared.schemagen schemas
+
+reference: install ## Regenerate the generated parts of docs/reference/ from the code
+	$(BIN)/python -m cronstream.refgen docs/reference
 
 dashboards: install ## Regenerate the Grafana dashboards in deploy/grafana/dashboards/
 	$(BIN)/python deploy/grafana/generate.py

@@ -42,8 +42,9 @@ Programme (`make bench`; docs/benchmarks.md quotes its latest figures):
   handler printing nothing (the CPU of a line, and the delay from `print` to readable);
 - 3,000/s with tracing on (sampled 100 %, exported over OTLP/HTTP to a receiver on
   loopback in this process) against off.
-SPEC §9 targets: at the default concurrency ≥ 950/s of 1,000/s offered with start lag p99
-≤ 250 ms; at 64, start lag p99 ≤ 250 ms at 3,000/s and ≥ 6,000/s completed of 6,000/s.
+Targets (docs/reference/performance.md): at the default concurrency ≥ 950/s of 1,000/s offered
+with start lag p99 ≤ 250 ms; at 64, start lag p99 ≤ 250 ms at 3,000/s and ≥ 6,000/s completed of
+6,000/s.
 """
 
 from __future__ import annotations
@@ -317,7 +318,7 @@ def holds(figures: dict[str, Any]) -> bool:
 # side by side: speed is judged on this matrix, never on one tuned point (issue 47).
 MATRIX_CONCURRENCY = (8, 64, 256)
 MATRIX_RATES = (1000, 3000, 6000)
-# The concurrency of the ceiling, its sustained run and its overload (SPEC §9).
+# The concurrency of the ceiling, its sustained run and its overload (docs/reference/performance.md).
 CEILING_CONCURRENCY = 64
 # A handler that sleeps 20 ms in a call, at the default concurrency: two workers run at
 # most 2 x 8 / 20 ms = 800 executions/s; offered more than that.

@@ -1,4 +1,4 @@
-"""Monitor benchmarks (SPEC §9).
+"""Monitor benchmarks (docs/reference/performance.md).
 
     python -m bench.monitor                 # both
     python -m bench.monitor projection

@@ -1,4 +1,4 @@
-"""Retry spread: 1,000 jobs failing at the same instant (SPEC §5.5).
+"""Retry spread: 1,000 jobs failing at the same instant (docs/reference/semantics.md#retries).
 
     python -m bench.retries
 

@@ -1,4 +1,4 @@
-"""Scheduler benchmarks (SPEC §9).
+"""Scheduler benchmarks (docs/reference/performance.md).
 
     python -m bench.scheduler                  # all four
     python -m bench.scheduler fire_lag burst   # some

@@ -1,4 +1,4 @@
-"""Dispatcher and worker benchmarks (SPEC §9).
+"""Dispatcher and worker benchmarks (docs/reference/performance.md).
 
     python -m bench.worker                  # both
     python -m bench.worker pool_overhead

@@ -181,7 +181,7 @@ def _parse_sourced(documents: list[_Sourced], files: list[str]) -> list[JobDefin
 
 
 def check_dags(new: list[JobDefinition], existing: Mapping[str, JobDefinition]) -> None:
-    """Refuse cycles and DEPENDENT jobs with more than one scheduled root (SPEC §5.6)."""
+    """Refuse cycles and DEPENDENT jobs with several scheduled roots (docs/reference/semantics.md#dags)."""
     merged = {**existing, **{d.job_id: d for d in new}}
 
     def lookup(job_id: str) -> tuple[str, list[str]] | None:

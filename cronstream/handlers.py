@@ -1,4 +1,4 @@
-"""Handlers: the code a worker runs, registered by name (SPEC §6, §7).
+"""Handlers: the code a worker runs, registered by name (docs/reference/python.md#handlers).
 
     from cronstream import Context, handler
 

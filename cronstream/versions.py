@@ -1,4 +1,4 @@
-"""A job's definition history (SPEC §11): every accepted definition is a numbered version.
+"""A job's history (docs/reference/operations.md#definition-history): each accepted definition, a version.
 
 The monitor numbers them per job, 1, 2, ..., in the order of `job-definitions`, and keeps
 them in PostgreSQL (`job_definition_versions`): a change, a pause, a delete and a re-create

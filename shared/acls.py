@@ -1,4 +1,4 @@
-"""The Kafka ACLs each cronstream principal needs, and nothing more (SPEC §11).
+"""The Kafka ACLs each principal needs, and nothing more (docs/reference/operations.md#least-privilege).
 
 Every service, the dashboard, the CLI/SDK writers, KEDA and `cronstream init`
 authenticate as a principal of their own (a SASL user: `User:cronstream-worker`, ...),

@@ -1,7 +1,7 @@
 """Decoding records from Kafka: bytes → validated model, or a reason to dead-letter.
 
 Every consumer decodes every record through `decode`; whatever fails is dead-lettered
-with the reason this module gives (SPEC §6).
+with the reason this module gives (docs/reference/limits.md#bad-input).
 """
 
 from __future__ import annotations

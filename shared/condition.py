@@ -1,4 +1,4 @@
-"""Conditions of DAG steps: a small, safe expression language (SPEC §5.6). Never `eval`.
+"""Conditions of DAG steps: a safe expression language (docs/reference/semantics.md#dags). Never `eval`.
 
 Grammar (lowest precedence first):
 

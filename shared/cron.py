@@ -1,7 +1,7 @@
 """Cron expressions: parsing, validation and next-fire computation.
 
 cronstream computes fire times itself rather than through croniter for two reasons:
-the SPEC's DST rule (a skipped wall-clock time fires once at the first instant after
+the DST rule of the reference (a skipped wall-clock time fires once at the first instant after
 the gap; a repeated one fires once) must hold exactly, and the scheduler's hot path
 must not pay croniter's per-call parsing. An expression is compiled once into sorted
 value tuples; `next_local` then jumps field by field instead of scanning minutes.
@@ -130,7 +130,7 @@ class CronExpression:
     def next_after(self, after: datetime, tz: ZoneInfo) -> datetime | None:
         """First fire instant strictly after `after` (aware), as an aware UTC datetime.
 
-        DST, by the SPEC's rule:
+        DST, by the rule of docs/reference/semantics.md#dst:
         - a wall-clock time skipped by a spring-forward gap fires once, at the first
           instant after the gap (several skipped times collapse into that one fire);
         - a wall-clock time repeated by a fall-back fires once, at its first occurrence.

@@ -1,4 +1,4 @@
-"""The shape rules of job DAGs (SPEC §5.6): no cycles, one scheduled root.
+"""The shape rules of job DAGs (docs/reference/semantics.md#dags): no cycles, one scheduled root.
 
 A DEPENDENT job runs in the runs of the scheduled (non-DEPENDENT) job its upstreams lead
 to. Two roots would give it two kinds of runs it could never join, so that — and a

@@ -1,4 +1,4 @@
-"""PostgreSQL roles of least privilege: `cronstream init --roles` (SPEC §11).
+"""PostgreSQL roles of least privilege: `cronstream init --roles` (docs/reference/projection.md#roles).
 
 | role | used by | may |
 |---|---|---|

@@ -1,4 +1,4 @@
-"""Health and metrics over HTTP: `/metrics`, `/healthz`, `/readyz` on every service (SPEC §10).
+"""`/metrics`, `/healthz`, `/readyz` over HTTP on every service (docs/reference/operations.md#http-endpoints).
 
 The server runs on a thread of its own, never on the event loop, so that it can tell a
 wedged loop from a live one:

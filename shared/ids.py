@@ -1,4 +1,4 @@
-"""Deterministic identifiers (SPEC §5.1).
+"""Deterministic identifiers (docs/reference/semantics.md#exactly-once-fires).
 
 An execution's id is a UUIDv5 of (job_id, the scheduled_at of the run's first attempt,
 attempt_number), so that every component that derives it — a leader before failover and

@@ -12,10 +12,10 @@ Every consumed batch goes through `Inbound`:
 
 Anything raised while decoding or validating one record — a validation error, a
 RecursionError from a pathological expression, an OverflowError from a date no
-computation can handle — dead-letters that record and the loop goes on (SPEC §6). The
-dead-letter copy keeps the original key and bytes, truncated when it would not fit on the
-`dead-letters` topic, with the original size, topic, partition, offset, service and reason
-in its headers.
+computation can handle — dead-letters that record and the loop goes on
+(docs/reference/limits.md#bad-input). The dead-letter copy keeps the original key and
+bytes, truncated when it would not fit on the `dead-letters` topic, with the original
+size, topic, partition, offset, service and reason in its headers.
 
 What a consumer does with a record it cannot read is its policy, said where it builds its
 `Inbound`: DEAD_LETTER (every service on the correctness path), or SKIP — log it

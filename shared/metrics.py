@@ -1,4 +1,4 @@
-"""Every Prometheus metric cronstream exports (SPEC §10; the contract is docs/metrics.md).
+"""Every Prometheus metric cronstream exports (docs/reference/operations.md#metrics; docs/metrics.md).
 
 Names are public: dashboards and alerting rules in `deploy/` query them, so they change
 only on purpose (a test checks this module against docs/metrics.md). Labels are bounded

@@ -1,4 +1,4 @@
-"""The record contract (SPEC §3): every value that crosses a Kafka topic.
+"""The record contract (docs/reference/records.md): every value that crosses a Kafka topic.
 
 These pydantic models are the source of truth; `schemas/` holds the JSON Schema
 generated from them (`python -m cronstream.shared.schemagen`), and a test fails when
@@ -493,7 +493,7 @@ class JobDue(Record):
     """A request for one execution, on `job-due` (key: job_id) and on the work topics.
 
     `delivery` counts how many times this execution was handed to a worker: a REQUEUE
-    increments it, and events carrying an older delivery are stale (SPEC §5.7).
+    increments it, and events carrying an older delivery are stale (docs/reference/semantics.md#dead-workers).
     """
 
     execution_id: UUID

@@ -1,4 +1,4 @@
-"""Retry policy (SPEC §5.5): exponential backoff with jitter, capped.
+"""Retry policy: exponential backoff with jitter, capped (docs/reference/semantics.md#retries).
 
 The next attempt of an execution that ends FAILED or TIMED_OUT is due at
 
@@ -32,6 +32,6 @@ def attempts_left(due: DueRecord) -> bool:
 
 
 def next_attempt(due: DueRecord, failed_at: datetime, rng: random.Random) -> RetryRequest:
-    """The timer of the attempt after `due`'s, which failed at `failed_at` (SPEC §5.5)."""
+    """The timer of the attempt after `due`'s, which failed at `failed_at`."""
     due_at = to_millis(failed_at + timedelta(seconds=retry_delay(due.job, due.attempt_number, rng)))
     return RetryRequest.of(as_model(due).next_attempt(due_at), due_at)

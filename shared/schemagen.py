@@ -1,4 +1,4 @@
-"""Generate the JSON Schemas in `schemas/` from the record models (SPEC §3).
+"""Generate the JSON Schemas in `schemas/` from the record models (docs/reference/records.md).
 
     python -m cronstream.shared.schemagen schemas     # or: make schemas
 

@@ -1,4 +1,4 @@
-"""Settings: `CRONSTREAM_*` environment variables, overridable by CLI flags (SPEC §7).
+"""Settings: `CRONSTREAM_*` environment variables, overridable by CLI flags (docs/reference/settings.md).
 
 Every setting has a default and is validated when a service starts, so a typo fails
 the start with the variable's name instead of misbehaving later. Any librdkafka

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    """Each status, documented by who moves an execution out of it (SPEC §3, §5)."""
+    """Each status, documented by who moves an execution out of it (docs/reference/statuses.md)."""
 
     def __new__(cls, value: str, doc: str) -> Status:
         member = str.__new__(cls, value)

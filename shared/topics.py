@@ -1,4 +1,4 @@
-"""Topic names and their configuration (SPEC §2).
+"""Topic names and their configuration (docs/reference/topics.md).
 
 Every name is prefixed by `CRONSTREAM_TOPIC_PREFIX`. `cronstream init` creates the
 topics below; work topics are created on demand by the dispatcher and the workers for

@@ -1,4 +1,4 @@
-"""The `cronstream` command line (SPEC §7)."""
+"""The `cronstream` command line (docs/reference/cli.md)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Unreachable(click.ClickException):
-    exit_code = 3  # SPEC §7: cannot reach Kafka or PostgreSQL
+    exit_code = 3  # docs/reference/cli.md#exit-codes: cannot reach Kafka or PostgreSQL
 
 
 def parse_age(text: str) -> timedelta:

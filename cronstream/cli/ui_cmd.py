@@ -1,4 +1,4 @@
-"""`cronstream ui`: the web dashboard (SPEC §10)."""
+"""`cronstream ui`: the web dashboard (docs/reference/operations.md#the-dashboard)."""
 
 from __future__ import annotations
 

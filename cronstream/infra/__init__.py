@@ -1,4 +1,4 @@
-"""`cronstream infra up|down|status`: a local Kafka broker and PostgreSQL (SPEC §7).
+"""`cronstream infra up|down|status`: a local Kafka broker and PostgreSQL (docs/reference/cli.md).
 
 Each server is started only when nothing answers at its configured address; `up`
 returns when both accept connections; `down` stops only what `up` started (it keeps a

@@ -1,4 +1,4 @@
-"""`cronstream ui`: the web dashboard on the PostgreSQL projection (SPEC §10).
+"""`cronstream ui`: the web dashboard on the projection (docs/reference/operations.md#the-dashboard).
 
 Server-rendered pages (Starlette, Jinja2, a little vanilla JS served from the package);
 live runs over server-sent events fed by LISTEN/NOTIFY; actions published through the

@@ -1,4 +1,4 @@
-"""Who is acting, and whether a state-changing request may act (SPEC §10).
+"""Who is acting, and whether a state-changing request may act (docs/reference/operations.md#the-dashboard).
 
 Actions are off unless an identity can be established, in one of three ways:
 

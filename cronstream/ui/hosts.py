@@ -4,7 +4,7 @@ A page on `http://rebind.example:8180/` whose name the attacker later points at
 127.0.0.1 runs in the victim's browser as same-origin with the dashboard: it can read
 every page, and act with whatever the browser carries (an identity header added by a
 local proxy). What it cannot change is the Host header the browser sends: the
-attacker's name. So the dashboard answers only Hosts it knows (SPEC §11):
+attacker's name. So the dashboard answers only Hosts it knows (docs/reference/operations.md#the-dashboard):
 
 - loopback names (`localhost`, `127.0.0.1`, `[::1]`): a page can only send those when it
   is served from them;

@@ -1,4 +1,4 @@
-"""Concurrency policies (SPEC §5.8) and the state they need.
+"""Concurrency policies (docs/reference/semantics.md#concurrency-policy) and the state they need.
 
 For jobs whose policy is FORBID or REPLACE the dispatcher tracks the executions that are
 not terminal yet, from the QUEUED events it writes and the events it reads back from

@@ -6,7 +6,8 @@ dead or an execution orphaned: one that is catching up, or that was cut off from
 broker (a broker restart cuts off everyone, workers included), would see every worker as
 silent, fence the whole fleet and re-queue what it is running (see `Sight`).
 
-Dead workers (SPEC §5.7). A worker silent for `CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`:
+Dead workers (docs/reference/semantics.md#dead-workers). A worker silent for
+`CRONSTREAM_WORKER_DEAD_AFTER_SECONDS`:
 1. is *fenced*: the monitor takes the worker's transactional.id (`init_transactions()`),
    which aborts the transaction it may have left open — read_committed consumers of its
    partitions move on at once instead of after `transaction.timeout.ms` — and makes any

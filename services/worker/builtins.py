@@ -1,5 +1,5 @@
-"""Built-in handlers every worker has (SPEC §7): noop, sleep, fail (`shell`, opt-in, is
-shell.py's)."""
+"""Built-in handlers every worker has (docs/reference/python.md#built-in-handlers): noop, sleep,
+fail (`shell`, opt-in, is shell.py's)."""
 
 from __future__ import annotations
 

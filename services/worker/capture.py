@@ -1,5 +1,5 @@
 """What a handler writes while it runs — stdout, stderr, `logging` records — as its
-attempt's log lines (SPEC §11), and the traceback of an attempt that raised.
+attempt's log lines (docs/reference/operations.md#execution-logs), and the traceback of one that raised.
 
 In a pool process (child.py) the capture is complete: file descriptors 1 and 2 are pipes
 read by a thread of the process, so C extensions and the child processes a handler

@@ -1,4 +1,4 @@
-"""A worker's execution logs on their way to the `execution-logs` topic (SPEC §11).
+"""A worker's execution logs on their way to `execution-logs` (docs/reference/operations.md#execution-logs).
 
 Lines come from the capture (capture.py: a pool process sends them up its pipe, an inline
 run adds them in place) and wait here per execution. Every SHIP_SECONDS the waiting lines

@@ -555,7 +555,7 @@ SELECT DISTINCT upstream_job_id FROM job_dependencies WHERE upstream_job_id = AN
 SELECT pg_postmaster_start_time();
 
 -- name: definition_history
--- Every version of a job's definition kept (SPEC §11: `cronstream history`), oldest first.
+-- Every version of a job's definition kept (docs/reference/operations.md#definition-history: `cronstream history`), oldest first.
 SELECT job_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
 FROM job_definition_versions WHERE job_id = $1
 ORDER BY version;

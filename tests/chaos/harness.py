@@ -45,7 +45,7 @@ WORKER_CONCURRENCY = 32
 # Recovery targets (issue 9, "Done when").
 RESTART_TARGET_SECONDS = 10.0
 WORKER_DEATH_TARGET_SECONDS = DEAD_AFTER_SECONDS + 5.0
-# SPEC §9: a dead worker's executions are re-queued within dead_after + 2 s (the first
+# docs/reference/performance.md#recovery: a dead worker's executions are re-queued within dead_after + 2 s (the first
 # completion after its death, above, also waits for a dispatch and a run).
 REQUEUE_TARGET_SECONDS = DEAD_AFTER_SECONDS + 2.0
 # A node that dies and stays down keeps leading its partitions (job-due, the transaction
@@ -306,7 +306,7 @@ class Requeue:
 def worker_kill_problems(kills: int, inside: int, requeues: list[Requeue]) -> list[str]:
     """What the worker-kill test holds a run to, beyond the ledger: at least one kill made
     inside an open transaction (what the test exists for), and every execution of a killed
-    worker re-queued, within SPEC's dead_after + 2 s."""
+    worker re-queued, within dead_after + 2 s (docs/reference/performance.md#recovery)."""
     problems = []
     if inside == 0:
         problems.append(f"none of the {kills} kills was caught inside an open transaction")
@@ -316,7 +316,7 @@ def worker_kill_problems(kills: int, inside: int, requeues: list[Requeue]) -> li
                             f"{r.running - r.requeued} were never re-queued")
         if r.seconds is not None and r.seconds > REQUEUE_TARGET_SECONDS:
             problems.append(f"{r.worker}'s executions re-queued {r.seconds:.1f}s after its death, "
-                            f"target dead_after + 2 = {REQUEUE_TARGET_SECONDS:.0f}s (SPEC §9)")
+                            f"target dead_after + 2 = {REQUEUE_TARGET_SECONDS:.0f}s (docs/reference/performance.md#recovery)")
     return problems
 
 

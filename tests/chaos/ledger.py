@@ -4,7 +4,7 @@ After the window's last fire has settled, a chaos test holds the system to:
 1. every fire of the window is in PostgreSQL exactly once: each expected execution id
    (shared/ids.py over the grid of shared/schedule.py) has its row, no other first
    attempt of the load's jobs exists, and `job-due` holds at most one first-attempt
-   JobDue (reason SCHEDULE) per execution id (SPEC §5.1);
+   JobDue (reason SCHEDULE) per execution id (docs/reference/semantics.md#exactly-once-fires);
 2. every execution reaches exactly one terminal status — COMPLETED, since the load's
    handlers never fail — with exactly one terminal event in `execution_events`;
 3. nothing ran twice at one delivery: at most one RUNNING per (execution_id, delivery);

@@ -153,7 +153,7 @@ def test_a_killed_worker_is_declared_offline_and_its_run_finishes_elsewhere_once
                                       "WHERE execution_id = $1 AND status = 'REQUEUED'",
                                       first["execution_id"]), 20, interval=0.1,
                           message="the dead worker's execution re-queued")
-    # SPEC §9: a dead worker's executions are re-queued within dead_after + 2 s.
+    # docs/reference/performance.md#recovery: a dead worker's executions are re-queued within dead_after + 2 s.
     took = (requeued[0]["occurred_at"] - killed_at).total_seconds()
     print(f"re-queued {took:.2f}s after the kill (dead_after {topics.worker_dead_after_seconds:g}s)")
     assert took <= topics.worker_dead_after_seconds + 2

@@ -1,5 +1,6 @@
-"""Every setting is reachable as the README says: as its environment variable, as
-`--set NAME=VALUE` on the command line, and by the flag the README names, which exists."""
+"""Every setting is reachable as the reference says (docs/reference/settings.md): as its
+environment variable, as `--set NAME=VALUE` on the command line, and by the flag it names,
+which exists."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from cronstream.cli import cli
 from cronstream.cli.common import CliState, setting_assignments
 from cronstream.shared.settings import ENV_PREFIX, Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "settings.md"
 SETTABLE = sorted(set(Settings.model_fields) - {"kafka_config"})
 # A valid value for each setting that differs from its default.
 SAMPLES: dict[str, str] = {
@@ -37,19 +38,19 @@ def sample(name: str) -> str:
 
 
 def table() -> list[tuple[str, str]]:
-    """(variable, own flag) of each row of the README's configuration table."""
-    section = README.read_text().split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(CRONSTREAM_[A-Z_<>]+)` \|.*\| *(.*?) *\|$", section, re.MULTILINE)
-    assert rows, "the README has a configuration table"
-    return rows
+    """(variable, own flag) of each row of the reference's table of settings."""
+    rows = re.findall(r"^\| `(CRONSTREAM_[A-Z_<>]+)` \|.*\| *(.*?) *\| [^|]* \|$", SETTINGS_PAGE.read_text(),
+                      re.MULTILINE)
+    assert rows, "docs/reference/settings.md has a table of settings"
+    return [(variable, "" if flag == "—" else flag) for variable, flag in rows]
 
 
-def test_the_readme_lists_every_setting_and_nothing_else() -> None:
+def test_the_reference_lists_every_setting_and_nothing_else() -> None:
     listed = {variable for variable, _ in table()}
     assert listed == {ENV_PREFIX + name.upper() for name in SETTABLE} | {"CRONSTREAM_KAFKA_<PROPERTY>"}
 
 
-def test_every_flag_the_readme_names_exists_on_its_command() -> None:
+def test_every_flag_the_reference_names_exists_on_its_command() -> None:
     # "`--flag`" (the top-level command), "`command --flag`" or "`--flag` (a, b, ...)".
     for variable, cell in table():
         found = re.fullmatch(r"`(?:(\w+) )?(--[\w-]+)(?: KEY=VALUE)?`(?: \(([\w, ]+)\))?", cell)

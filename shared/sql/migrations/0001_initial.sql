@@ -1,4 +1,4 @@
--- cronstream projection, version 1 (SPEC §4). Written only by the monitor.
+-- cronstream projection, version 1 (docs/reference/projection.md). Written only by the monitor.
 -- Times are timestamptz (UTC on the wire); ids of executions and runs are uuid.
 
 CREATE TABLE job_definitions (
@@ -107,7 +107,7 @@ CREATE TABLE workers (
 );
 
 -- The monitor's consumed positions, written in the same transaction as their effects:
--- this is what makes the projection exactly-once (SPEC §4).
+-- this is what makes the projection exactly-once (docs/reference/projection.md).
 CREATE TABLE consumer_offsets (
     consumer    text NOT NULL,
     topic       text NOT NULL,

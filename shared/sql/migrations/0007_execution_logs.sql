@@ -1,4 +1,4 @@
--- cronstream projection, version 7: execution logs (SPEC §11; docs/decisions/0028).
+-- cronstream projection, version 7: execution logs (docs/reference/operations.md#execution-logs; docs/decisions/0028).
 
 -- Every line a handler wrote, per delivery of an execution, numbered from 0 by the worker
 -- (a batch projected twice adds nothing: the key). `projected_at` is when the monitor

@@ -1,5 +1,5 @@
 -- cronstream projection, version 9: run inputs, DAG data flow and definition history
--- (SPEC §11; docs/decisions/0035 and 0036).
+-- (docs/reference/operations.md#definition-history; docs/decisions/0035 and 0036).
 
 -- Every accepted definition of a job, numbered per job from 1 in the order of
 -- `job-definitions`: a change, a pause, a delete (definition NULL) and a re-create each
