@@ -4,21 +4,21 @@ attempt's log lines (docs/reference/operations.md#execution-logs), and the trace
 In a pool process (child.py) the capture is complete: file descriptors 1 and 2 are pipes
 read by a thread of the process, so C extensions and the child processes a handler
 spawns are captured too; `logging` records reach a handler on the root logger. Each line
-goes to the run in progress, the one that started before it was read, under a lock that
-the end of a run also takes: the end reads what is left in the pipes, so whatever a
-handler wrote before it returned is its own, never the next run's.
+goes to the invocation in progress, the one that began before it was read, under a lock
+that the end of an invocation also takes: the end reads what is left in the pipes, so
+whatever a handler wrote before it returned is its own, never the next invocation's.
 
 Inline handlers (inline.py) run on the worker's event loop, in the worker's own process:
 there the capture is as good as Python allows — `sys.stdout`, `sys.stderr` and `logging`,
-through a context variable set for the duration of the run (a task each, so two never
-mix); what C code writes to the descriptors goes to the worker's own output.
+through a context variable set for the duration of the invocation (a task each, so two
+never mix); what C code writes to the descriptors goes to the worker's own output.
 
 Bounds, whatever is written (binary garbage, invalid UTF-8, 20 MB in a second, a line of
 10 MB): a line is cut at LINE_BYTES, an attempt keeps at most its limit
 (`CRONSTREAM_WORKER_LOG_LIMIT_BYTES`, 1 MiB), and what was cut is counted and said in
 the log's last line. Bytes that are not UTF-8 are kept as `\\xNN` escapes, NUL included
 (PostgreSQL text holds no NUL). A handler that writes nothing costs a lock and two reads
-that find nothing, per run.
+that find nothing, per invocation.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
 
 LINE_BYTES = 16 * 1024
 TRACEBACK_BYTES = 64 * 1024
@@ -79,9 +79,9 @@ def format_traceback(exc: BaseException) -> str:
     return f"{head}\n... [{len(data) - 2 * half} bytes of the traceback cut] ...\n{tail}"
 
 
-class RunLog:
-    """One attempt's log as it is written: the lines kept (up to `limit` bytes, each cut at
-    LINE_BYTES) until taken, and what was cut."""
+class InvocationLog:
+    """One invocation's log (its attempt's, on this delivery) as it is written: the lines
+    kept (up to `limit` bytes, each cut at LINE_BYTES) until taken, and what was cut."""
 
     __slots__ = ("_pending", "cut_bytes", "cut_lines", "kept", "limit", "shortened")
 
@@ -145,7 +145,7 @@ class LineSplitter:
         self._partial = b""
         self._overflow = 0
 
-    def feed(self, data: bytes, log: RunLog | None) -> None:
+    def feed(self, data: bytes, log: InvocationLog | None) -> None:
         *complete, rest = (self._partial + data).split(b"\n")
         for raw in complete:
             if log is not None:
@@ -156,18 +156,18 @@ class LineSplitter:
             rest = rest[:LINE_BYTES]
         self._partial = rest
 
-    def end(self, log: RunLog | None) -> None:
-        """The run ends: what is left of a line without its newline is a line too."""
+    def end(self, log: InvocationLog | None) -> None:
+        """The invocation ends: what is left of a line without its newline is a line too."""
         if (self._partial or self._overflow) and log is not None:
             log.add(self.stream, None, text_of(self._partial), cut=self._overflow)
         self._partial, self._overflow = b"", 0
 
 
 class LineHandler(logging.Handler):
-    """`logging` records as log lines of the run in progress (`current` tells which),
+    """`logging` records as log lines of the invocation in progress (`current` tells which),
     added under `guard` when given (a pool process's capture lock)."""
 
-    def __init__(self, current: Callable[[], RunLog | None],
+    def __init__(self, current: Callable[[], InvocationLog | None],
                  guard: threading.Lock | None = None) -> None:
         super().__init__(logging.NOTSET)
         self.current = current
@@ -187,20 +187,29 @@ class LineHandler(logging.Handler):
                 log.add("log", record.levelname, text, record.created)
 
 
+class Capture(Protocol):
+    """Where what a handler writes is taken from, for one invocation: into `log` from `begin`
+    to `end` (given what `begin` returned), at least what was written before `end` returned."""
+
+    def begin(self, log: InvocationLog) -> Any: ...
+
+    def end(self, begun: Any) -> None: ...
+
+
 # -- in a pool process -------------------------------------------------------------------
 
 
 class ProcessCapture:
     """A pool process's stdout and stderr (its descriptors) and its `logging`: every line
-    goes to the run in progress (`begin` ... `end`), and is handed to `ship` at least every
-    SHIP_SECONDS while it runs."""
+    goes to the invocation in progress (`begin` ... `end`), and is handed to `ship` at least
+    every SHIP_SECONDS while it runs."""
 
     def __init__(self, ship: Sink) -> None:
         self.ship = ship
         self.lock = threading.Lock()
-        self.log: RunLog | None = None
+        self.log: InvocationLog | None = None
         self._readers: dict[int, LineSplitter] = {}
-        # Where what is written between two runs goes: the process's own stdout and stderr
+        # Where what is written between two invocations goes: the process's own stdout and stderr
         # (the worker's), as before the capture.
         self._outside: dict[int, int] = {}
         self._shipped = time.monotonic()
@@ -214,7 +223,7 @@ class ProcessCapture:
             os.set_blocking(read_end, False)
             self._readers[read_end] = LineSplitter(name)
         # Line-buffered: a print is in the pipe when it returns (live, and never lost to a
-        # buffer when the run ends or the process is killed).
+        # buffer when the invocation ends or the process is killed).
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
                 stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -224,13 +233,14 @@ class ProcessCapture:
             root.setLevel(logging.INFO)  # a handler's logger.info is part of its log
         threading.Thread(target=self._read_forever, daemon=True, name="log-capture").start()
 
-    def begin(self, log: RunLog) -> None:
+    def begin(self, log: InvocationLog) -> None:
         with self.lock:
             self.log = log
             self._shipped = time.monotonic()
 
-    def end(self) -> list[Line]:
-        """The run returned: the rest of what it wrote, read now (its last lines)."""
+    def end(self, begun: object = None) -> None:
+        """The handler returned: the rest of what it wrote, read now into its log (its last
+        lines)."""
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, ValueError, OSError):
                 stream.flush()
@@ -239,9 +249,8 @@ class ProcessCapture:
             for fd, splitter in self._readers.items():
                 self._read(fd, splitter, log)
                 splitter.end(log)
-        return log.take() if log is not None else []
 
-    def _read(self, fd: int, splitter: LineSplitter, log: RunLog | None) -> None:
+    def _read(self, fd: int, splitter: LineSplitter, log: InvocationLog | None) -> None:
         while True:
             try:
                 data = os.read(fd, 1 << 16)
@@ -274,13 +283,13 @@ class ProcessCapture:
 
 # -- inline, in the worker's process ---------------------------------------------------------
 
-_CURRENT: contextvars.ContextVar[RunLog | None] = contextvars.ContextVar("cronstream_run_log",
-                                                                          default=None)
+_CURRENT: contextvars.ContextVar[InvocationLog | None] = contextvars.ContextVar(
+    "cronstream_invocation_log", default=None)
 
 
 class _Stream(io.TextIOBase):
-    """sys.stdout or sys.stderr of the worker: the run's log inside an inline run, the real
-    stream everywhere else."""
+    """sys.stdout or sys.stderr of the worker: the invocation's log inside an inline
+    invocation, the real stream everywhere else."""
 
     def __init__(self, name: str, real: TextIO) -> None:
         self.name_ = name
@@ -323,7 +332,7 @@ class _Stream(io.TextIOBase):
 
 
 def install_inline_capture() -> None:
-    """Route sys.stdout, sys.stderr and `logging` to the inline run in progress (where
+    """Route sys.stdout, sys.stderr and `logging` to the inline invocation in progress (where
     they are not routed already)."""
     if not isinstance(sys.stdout, _Stream):
         sys.stdout = _Stream("stdout", sys.stdout)
@@ -334,17 +343,18 @@ def install_inline_capture() -> None:
         root.addHandler(LineHandler(_CURRENT.get))
 
 
-@contextlib.contextmanager
-def inline_run(log: RunLog | None) -> Iterator[None]:
-    """Inside: what this context writes is `log`'s (None: not captured)."""
-    if log is None:
-        yield
-        return
-    token = _CURRENT.set(log)
-    try:
-        yield
-    finally:
+class InlineCapture:
+    """Inline invocations' capture: from `begin` to `end`, what the current context (the
+    invocation's task, or the loop's own turn for a synchronous one) writes is `log`'s."""
+
+    def begin(self, log: InvocationLog) -> contextvars.Token[InvocationLog | None]:
+        return _CURRENT.set(log)
+
+    def end(self, begun: contextvars.Token[InvocationLog | None]) -> None:
         for stream in (sys.stdout, sys.stderr):
             if isinstance(stream, _Stream) and stream.unfinished():
                 stream.flush()  # a last line without its newline is a line too
-        _CURRENT.reset(token)
+        _CURRENT.reset(begun)
+
+
+INLINE = InlineCapture()

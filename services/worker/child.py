@@ -1,24 +1,30 @@
-"""A handler process of the worker's pool: the code that runs in the child.
+"""A handler process of the worker's pool: the code that runs in the child, and the
+protocol of its pipes.
 
 The parent (pool.py) talks to each child over two pipes, in JSON — never pickle. On the
-first, one JSON array per line:
+first, one JSON array per line, each a named message type (msgspec structs, decoded
+straight into them):
 
-    parent → child  [handler, execution_id, job_id, run_id, attempt_number,
-                     idempotency_key, scheduled_at, params, [[header, base64 value]...],
-                     upstream (a DAG step's view of its run, else null)]
-    child → parent  ["progress", 40, "message"]
-                    ["log", [[epoch seconds, stream, level, text]...]]
-                    ["done", "COMPLETED", result, error, traceback]
+    parent → child  Invocation  [handler, execution_id, job_id, run_id, attempt_number,
+                                 idempotency_key, scheduled_at, params,
+                                 [[header, base64 value]...],
+                                 upstream (a DAG step's view of its run, else null)]
+    child → parent  Progress    ["progress", 40.0, "message"]
+                    LogLines    ["log", [[epoch seconds, stream, level, text]...]]
+                    Done        ["done", "COMPLETED", result, error, traceback]
     parent → child  <execution id>        (the second pipe: cancel that execution)
 
-A run is one write and, in the child, one read: msgspec decodes it straight into the
-Context's types (UUIDs, an aware datetime, the trace headers' bytes), and each side reads
-whatever lines have arrived with one system call (docs/decisions/0024). The child's main
-thread reads its runs itself: an execution costs one wake-up of the child, not a reader
-thread's and then the main thread's. Cancellations, rare, come on their own pipe, read by
-a thread that sleeps until one does; it names its execution, so one that arrives late
-never touches the next run. What the handler writes is captured (capture.py) and goes up
-the first pipe as `log` lines while it runs, and the rest before its `done`.
+The answers are tagged: their first element names their type (`Answer`). An invocation is
+one write and, in the child, one read: msgspec decodes it straight into the Context's
+types (UUIDs, an aware datetime, the trace headers' bytes), and each side reads whatever
+lines have arrived with one system call (docs/decisions/0024). The child's main thread
+reads its invocations itself: one costs one wake-up of the child, not a reader thread's
+and then the main thread's. It invokes each through the one body every handler runs
+through (runner.invoke), as an inline handler is. Cancellations, rare, come on their own
+pipe, read by a thread that sleeps until one does; it names its execution, so one that
+arrives late never touches the next invocation. What the handler writes is captured
+(capture.py) and goes up the first pipe as `log` lines while it runs, and the rest before
+its `done`.
 """
 
 from __future__ import annotations
@@ -28,54 +34,90 @@ import contextlib
 import ctypes
 import ctypes.util
 import importlib
+import json
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
-from datetime import datetime
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 from uuid import UUID
 
 import msgspec
 
-from cronstream.handlers import REGISTRY, Context
-from cronstream.services.worker.capture import Line, ProcessCapture, RunLog
-from cronstream.services.worker.runner import failed, returned, upstream_view
+from cronstream.handlers import REGISTRY, HandlerRegistry
+from cronstream.services.worker.capture import Capture, Line, ProcessCapture
+from cronstream.services.worker.runner import (
+    Invocation,
+    LinesFn,
+    Outcome,
+    OutcomeStatus,
+    ProgressFn,
+    at_once,
+    invoke,
+    unknown_handler,
+)
 from cronstream.shared import telemetry
-from cronstream.shared.fast_records import DueRecord, FastUpstream, upstream_of
-from cronstream.shared.telemetry import Headers
 
 BUILTINS = "cronstream.services.worker.builtins"
 READ_SIZE = 1 << 16
 
 
-class RunMessage(msgspec.Struct, array_like=True, frozen=True):
-    """What the parent sends a child to run: the parts of the execution its handler's
-    Context needs, from the JobDue the worker validated (the child does not decode it
-    again), and the trace headers it runs under."""
+class Progress(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="progress"):
+    """The handler reported how far along it is (Context.report_progress)."""
 
-    handler: str
-    execution_id: UUID
-    job_id: str
-    run_id: UUID
-    attempt_number: int
-    idempotency_key: str
-    scheduled_at: datetime
-    params: dict[str, Any]
-    trace: Sequence[tuple[str, bytes | None]]
-    upstream: FastUpstream | None = None
+    percent: float
+    message: str | None
 
+
+class LogLines(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="log"):
+    """Lines the handler wrote, as they are captured (capture.py)."""
+
+    lines: list[Line]
+
+
+class Done(msgspec.Struct, array_like=True, frozen=True, gc=False, tag="done"):
+    """The handler returned or raised: how its invocation ended (runner.Outcome)."""
+
+    status: OutcomeStatus
+    # Sent as the result's JSON as the handler's process encoded it (msgspec.Raw, spliced
+    # in as it is: never encoded twice), read back as the value.
+    result: Any
+    error: str | None
+    traceback: str | None
+
+
+Answer = Progress | LogLines | Done  # what a child sends its parent
 
 _encode = msgspec.json.Encoder().encode
+_answer = msgspec.json.Decoder(Answer).decode
 
 
-def run_message(due: DueRecord, trace: Headers | None) -> bytes:
-    """The line that sends a child `due` to run (RunMessage)."""
-    return _encode(RunMessage(
-        due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
-        due.idempotency_key, due.scheduled_at, due.job.params, trace or [],
-        upstream_of(due))) + b"\n"
+def invocation_line(invocation: Invocation) -> bytes:
+    """The line that sends a child an invocation."""
+    return _encode(invocation) + b"\n"
+
+
+def progress_line(percent: float, message: str | None) -> bytes:
+    return _encode(Progress(percent, message)) + b"\n"
+
+
+def log_line(lines: list[Line]) -> bytes:
+    return _encode(LogLines(lines)) + b"\n"
+
+
+def done_line(outcome: Outcome) -> bytes:
+    result = None if outcome.result_json is None else msgspec.Raw(outcome.result_json)
+    return _encode(Done(outcome.status, result, outcome.error, outcome.traceback)) + b"\n"
+
+
+def answer(line: bytes) -> Answer:
+    """A child's line, decoded (a result with NaN or Infinity, which Python's json writes
+    and msgspec refuses, through json)."""
+    try:
+        return _answer(line)
+    except msgspec.DecodeError:
+        return msgspec.convert(json.loads(line), Answer)  # type: ignore[arg-type]
 
 
 def lines(fd: int) -> Iterator[bytes]:
@@ -111,16 +153,19 @@ class _Up:
         with self._lock:
             send(self.fd, data)
 
+    def progress(self, percent: float, message: str | None) -> None:
+        self.send(progress_line(percent, message))
+
     def lines(self, lines: list[Line]) -> None:
-        self.send(_encode(("log", lines)) + b"\n")
+        self.send(log_line(lines))
 
 
 def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_shell: bool,
                log_limit: int = 1 << 20) -> None:
-    """Entry point of a pool process: import the handler modules, then run executions.
+    """Entry point of a pool process: import the handler modules, then answer invocations.
 
-    Each execution runs inside the run's trace context (sent by the parent), under a span
-    of its own when tracing exports: spans the handler makes join the execution's trace."""
+    Each invocation runs inside the trace context the parent sent with it, under a span of
+    its own when tracing exports: spans the handler makes join the execution's trace."""
     telemetry.configure("worker")
     # Signals to the process group are the worker's to handle (forkserver_signals.py).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -129,8 +174,8 @@ def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     with contextlib.suppress(OSError, AttributeError):
-        # A woken batch task does not preempt the running one: the worker's write of a run
-        # returns at once instead of handing its CPU to the child in the middle of its turn
+        # A woken batch task does not preempt the running one: the worker's write of an
+        # invocation returns at once instead of handing its CPU to the child in the middle of its turn
         # (each child waking in the worker's place stalled its event loop for a time slice).
         # Fair share is unchanged.
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
@@ -146,31 +191,24 @@ def child_main(conn: Connection, cancels: Connection, imports: list[str], allow_
     fd = conn.fileno()
     up = _Up(fd)
     capture = ProcessCapture(up.lines)
-    decode = msgspec.json.Decoder(RunMessage).decode
+    decode = msgspec.json.Decoder(Invocation).decode
     for line in lines(fd):  # until the parent is gone
-        run = decode(line)
-        cancel = watch.running(run.execution_id)
-        log = RunLog(log_limit)
-        capture.begin(log)
-        with telemetry.attached(run.trace):
-            reply = _run(run, up, cancel)
-        rest = capture.end()
-        summary = log.summary()
-        if summary is not None:
-            rest.append(summary)
-        if rest:
-            up.lines(rest)
+        invocation = decode(line)
+        cancel = watch.running(invocation.execution_id)
+        outcome = answer_invocation(REGISTRY, invocation, cancel, progress=up.progress,
+                                    lines=up.lines, capture=capture, log_limit=log_limit)
         watch.finished()
         telemetry.flush()
-        up.send(reply)
+        up.send(done_line(outcome))
 
 
 class _Cancels:
     """The child's cancellations: the execution ids its parent sent, and the flag of the
-    one running. A cancellation may be read before its run (two pipes, two readers) or
-    after it ended: each side checks the other's latest, so neither order loses it and a
-    late one never reaches the next run (the reader takes the flag before it compares
-    the running id, which the run sets after its flag and clears when it ends)."""
+    one running. A cancellation may be read before its invocation (two pipes, two readers)
+    or after it ended: each side checks the other's latest, so neither order loses it and a
+    late one never reaches the next invocation (the reader takes the flag before it
+    compares the running id, which an invocation sets after its flag and clears when it
+    ends)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -198,35 +236,20 @@ class _Cancels:
                     flag.set()
 
 
-def _run(run: RunMessage, up: _Up, cancel: threading.Event) -> bytes:
-    """The `done` line of one run (the result's JSON is spliced in, not encoded twice)."""
-    spec = REGISTRY.get(run.handler)
+def answer_invocation(registry: HandlerRegistry, invocation: Invocation, cancel: threading.Event,
+                      *, progress: ProgressFn, lines: LinesFn, capture: Capture,
+                      log_limit: int) -> Outcome:
+    """Invoke the handler `invocation` names, found in this process's registry (once), as
+    an inline handler is invoked (runner.invoke): a synchronous one in this thread, an
+    async one in an event loop of its own."""
+    spec = registry.get(invocation.handler)
     if spec is None:
-        return _done("PERMANENTLY_FAILED", error=f"unknown handler {run.handler!r}")
-
-    def progress(percent: float, text: str | None) -> None:
-        up.send(_encode(("progress", percent, text)) + b"\n")
-
-    with telemetry.handler_span(run.handler, telemetry.lone_traceparent(run.trace),
-                                job_id=run.job_id, execution_id=run.execution_id) as traceparent:
-        ctx = Context(
-            execution_id=run.execution_id, job_id=run.job_id, run_id=run.run_id,
-            attempt_number=run.attempt_number, idempotency_key=run.idempotency_key,
-            scheduled_at=run.scheduled_at, params=run.params, traceparent=traceparent,
-            _progress=progress, _cancel=cancel, _upstream=upstream_view(run.upstream))
-        try:
-            result = asyncio.run(spec.func(ctx)) if spec.is_async else spec.func(ctx)
-        except Exception as exc:
-            outcome = failed(exc)
-            return _done(outcome.status, outcome.error, outcome.traceback)
-    outcome, encoded = returned(result, cancel.is_set())
-    if encoded is None:
-        return _done(outcome.status, outcome.error)
-    return b'["done","%s",%s,null,null]\n' % (outcome.status.encode(), encoded.encode())
+        return unknown_handler(invocation.handler)
+    invoking = invoke(spec, invocation, progress, cancel, capture=capture, lines=lines,
+                      log_limit=log_limit)
+    return asyncio.run(invoking) if spec.is_async else at_once(invoking)
 
 
-def _done(status: str, error: str | None, traceback: str | None = None) -> bytes:
-    return _encode(("done", status, None, error, traceback)) + b"\n"
-
-
-__all__ = ["BUILTINS", "READ_SIZE", "RunMessage", "child_main", "lines", "run_message", "send"]
+__all__ = ["BUILTINS", "READ_SIZE", "Answer", "Done", "LogLines", "Progress", "answer",
+           "answer_invocation", "child_main", "done_line", "invocation_line", "lines",
+           "log_line", "progress_line", "send"]

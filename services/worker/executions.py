@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Running:
+    """An execution this worker claimed (one delivery of it), from its claim to its end."""
+
     due: DueRecord
     hop: Hop  # the run's span: a child of the dispatcher's queue span
     started_at: datetime

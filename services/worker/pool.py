@@ -3,36 +3,51 @@
 Each slot of the worker's concurrency can hold one long-lived child process (started from
 a forkserver that has already imported the handler modules, so a start costs
 milliseconds, not an interpreter boot); the code that runs in it, and the protocol of its
-pipes, are in child.py. A child runs one execution at a time.
+pipes, are in child.py. A child holds one invocation of a handler at a time.
 
 Timeouts and cancellations are enforced here, by the parent: at `timeout_seconds` the
 child is killed (SIGKILL: CPU loops and blocking calls included) and the execution is
 TIMED_OUT; a cancellation is passed to the handler's context first and the child killed
 if the handler has not returned after `CANCEL_GRACE_SECONDS`. A killed child is replaced
 at once, so the slot is healthy again. Handlers registered `inline=True` skip the pool
-and run on the event loop (inline.py).
+and are invoked on the event loop (inline.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import enum
 import logging
 import multiprocessing
 import os
 from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
+from uuid import UUID
 
-import msgspec
-
-from cronstream.handlers import HandlerRegistry
+from cronstream.handlers import HandlerRegistry, HandlerSpec
 from cronstream.services.worker import inline
 from cronstream.services.worker.capture import install_inline_capture
-from cronstream.services.worker.child import BUILTINS, READ_SIZE, child_main, run_message, send
-from cronstream.services.worker.runner import CancelSignal, LinesFn, Outcome, ProgressFn
-from cronstream.shared import metrics, telemetry
+from cronstream.services.worker.child import (
+    BUILTINS,
+    READ_SIZE,
+    Done,
+    Progress,
+    answer,
+    child_main,
+    invocation_line,
+    send,
+)
+from cronstream.services.worker.runner import (
+    CancelSignal,
+    Invocation,
+    LinesFn,
+    Outcome,
+    ProgressFn,
+    unknown_handler,
+)
+from cronstream.shared import metrics
 from cronstream.shared.fast_records import DueRecord
 from cronstream.shared.logs import log
 from cronstream.shared.statuses import Status
@@ -44,25 +59,22 @@ CANCEL_GRACE_SECONDS = 5.0
 FORKSERVER_SIGNALS = "cronstream.services.worker.forkserver_signals"
 
 
-def _reply(line: bytes) -> list[Any]:
-    """A child's line, decoded (a result with NaN or Infinity, which Python's json writes
-    and msgspec refuses, through json)."""
-    try:
-        return msgspec.json.decode(line)  # type: ignore[no-any-return]
-    except msgspec.DecodeError:
-        return json.loads(line)  # type: ignore[no-any-return]
+class _Interrupt(enum.Enum):
+    """What settles an invocation before its child answers `done` (never sent)."""
+
+    TIMEOUT = "timeout"  # its timer: it has run for its timeout or its cancellation grace
+    CANCEL = "cancel"  # its cancel signal
 
 
-_TIMEOUT = ["timeout"]  # what a run's timer settles it with
-_CANCEL = ["cancel"]  # what its cancel signal settles it with (never sent)
+Reply = Done | _Interrupt | None  # None: the child's pipe closed (its process is gone)
 
 
 class Child:
     """One pool process and the parent's end of its pipe.
 
     The pipe is watched by the event loop for the child's whole life (one reader, not one
-    per execution); what it reads settles the current run's future, which its timer and
-    its cancel signal may settle first."""
+    per execution); what it reads settles the current invocation's future, which its timer
+    and its cancel signal may settle first."""
 
     def __init__(self, ctx: Any, imports: list[str], allow_shell: bool, log_limit: int = 1 << 20
                  ) -> None:
@@ -81,10 +93,10 @@ class Child:
         self.executions = 0
         self.dead = False  # killed, or its pipe closed: replaced, never run again
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reply: asyncio.Future[list[Any] | None] | None = None
+        self._reply: asyncio.Future[Reply] | None = None
         self._progress: ProgressFn | None = None
         self._lines: LinesFn | None = None
-        self.run_started = 0.0
+        self.invoked_at = 0.0
         self._naps = 0  # looks of the pool in a row that found this process asleep
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -114,18 +126,16 @@ class Child:
             return
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
-            message = _reply(line)
-            kind = message[0]
-            if kind == "progress":
-                if self._progress is not None:
-                    self._progress(float(message[1]), message[2])
-            elif kind == "log":
-                if self._lines is not None:
-                    self._lines([tuple(entry) for entry in message[1]])
-            else:
+            message = answer(line)
+            if isinstance(message, Done):
                 self._settle(message)
+            elif isinstance(message, Progress):
+                if self._progress is not None:
+                    self._progress(message.percent, message.message)
+            elif self._lines is not None:  # LogLines
+                self._lines(message.lines)
 
-    def _settle(self, message: list[Any] | None) -> None:
+    def _settle(self, message: Reply) -> None:
         reply = self._reply
         if reply is not None and not reply.done():
             reply.set_result(message)
@@ -136,14 +146,14 @@ class Child:
 
     def asleep(self, now: float) -> bool:
         """Asleep in its handler: at this look and the one before, every thread of the
-        process slept, and its run has lasted ASLEEP_AFTER_SECONDS (a run caught between
-        two steps, or a process still settling in, is not)."""
+        process slept, and its invocation has lasted ASLEEP_AFTER_SECONDS (one caught
+        between two steps, or a process still settling in, is not)."""
         self._naps = 0 if computing(self.pid) else self._naps + 1
-        return self._naps >= 2 and now - self.run_started >= ASLEEP_AFTER_SECONDS
+        return self._naps >= 2 and now - self.invoked_at >= ASLEEP_AFTER_SECONDS
 
     def answered(self) -> bool:
-        """The child is done with its run, or about to be: its answer is read (the run
-        has yet to hand the process back) or waiting to be read."""
+        """The child is done with its invocation, or about to be: its `done` is read (the
+        invocation has yet to hand the process back) or waiting to be read."""
         reply = self._reply
         if reply is None or reply.done():
             return True
@@ -161,41 +171,43 @@ class Child:
         self.conn.close()
         self.cancels.close()
 
-    async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
-                  trace: Headers | None = None, lines: LinesFn | None = None) -> Outcome:
+    async def invoke(self, invocation: Invocation, timeout: float, progress: ProgressFn,
+                     cancel: CancelSignal, lines: LinesFn | None = None) -> Outcome:
+        """Have the child invoke the handler, and settle how it ended: as the child answers,
+        or killed at `timeout` (seconds) or CANCEL_GRACE_SECONDS after its cancellation."""
         loop = asyncio.get_running_loop()
         self._watch(loop)
         reply = self._reply = loop.create_future()
         self._progress = progress
         self._lines = lines
         self.executions += 1
-        started = self.run_started = loop.time()
+        started = self.invoked_at = loop.time()
         self._naps = 0
-        deadline = started + due.job.timeout_seconds
-        timer = loop.call_at(deadline, self._settle, _TIMEOUT)
+        deadline = started + timeout
+        timer = loop.call_at(deadline, self._settle, _Interrupt.TIMEOUT)
 
         def cancelled() -> None:
             if not reply.done():
-                reply.set_result(_CANCEL)
+                reply.set_result(_Interrupt.CANCEL)
 
         cancel.on_set(loop, cancelled)
         cancelled_at: float | None = None
         try:
-            send(self._fd, run_message(due, trace))
+            send(self._fd, invocation_line(invocation))
             while True:
                 message = await reply
-                if message is _CANCEL:
+                if message is _Interrupt.CANCEL:
                     # Tell the handler; kill it if it has not returned after the grace.
                     cancelled_at = loop.time()
                     with contextlib.suppress(OSError):
-                        self.cancels.send_bytes(str(due.execution_id).encode())
+                        self.cancels.send_bytes(str(invocation.execution_id).encode())
                     timer.cancel()
                     reply = self._reply = loop.create_future()
                     timer = loop.call_at(min(deadline, cancelled_at + CANCEL_GRACE_SECONDS),
-                                         self._settle, _TIMEOUT)
+                                         self._settle, _Interrupt.TIMEOUT)
                     continue
-                if message is _TIMEOUT:
-                    return self._stop(due, cancelled_at, started, loop.time())
+                if message is _Interrupt.TIMEOUT:
+                    return self._stop(timeout, cancelled_at, started, loop.time())
                 if message is None:
                     return Outcome("FAILED", error="the handler process died "
                                    f"(exit code {self.process.exitcode})")
@@ -209,36 +221,39 @@ class Child:
             self._progress = None
             self._lines = None
 
-    def _stop(self, due: DueRecord, cancelled_at: float | None, started: float, now: float) -> Outcome:
+    def _stop(self, timeout: float, cancelled_at: float | None, started: float,
+              now: float) -> Outcome:
         """The handler overran its timeout or its cancellation grace: kill it."""
         self.kill()
         ran = now - started
-        if cancelled_at is not None and ran < due.job.timeout_seconds:
+        if cancelled_at is not None and ran < timeout:
             return Outcome("CANCELLED", error="cancelled; the handler did not stop within "
                                               f"{CANCEL_GRACE_SECONDS:g}s and was killed")
-        return Outcome("TIMED_OUT", error=f"timed out after {due.job.timeout_seconds:g}s; "
+        return Outcome("TIMED_OUT", error=f"timed out after {timeout:g}s; "
                                           "the handler was killed")
 
 
-def _outcome(message: list[Any], cancelled: bool) -> Outcome:
-    _, status, result, error, traceback = message
+def _outcome(done: Done, cancelled: bool) -> Outcome:
+    """How an invocation the child answered ended: CANCELLED, whatever the handler did,
+    when it was cancelled meanwhile."""
+    status = done.status
     if cancelled and status in (Status.COMPLETED, Status.FAILED):
         status = "CANCELLED"
-    return Outcome(status, result=result,
-                   error=error or ("cancelled" if status == "CANCELLED" else None),
-                   traceback=traceback)
+    return Outcome(status, result=done.result,
+                   error=done.error or ("cancelled" if status == "CANCELLED" else None),
+                   traceback=done.traceback)
 
 
-# Processes a pool starts with; it starts more as runs need them, up to its size.
+# Processes a pool starts with; it starts more as invocations need them, up to its size.
 WARM_PROCESSES = 2
-# A run that finds every process busy waits this long for one to come free before the
-# pool starts another. Short handlers keep reusing the few processes whose memory is in
-# the caches (each process woken in turn was a cache refill and a context switch per
-# execution: with one process per slot, 64 short runs woke 64 processes); a burst of
-# long ones gets a process each, this much later.
+# An invocation that finds every process busy waits this long for one to come free
+# before the pool starts another. Short handlers keep reusing the few processes whose
+# memory is in the caches (each process woken in turn was a cache refill and a context
+# switch per execution: with one process per slot, 64 short invocations woke 64
+# processes); a burst of long ones gets a process each, this much later.
 GROW_AFTER_SECONDS = 0.005
-# A busy process counts as asleep in its handler once its run has lasted this long and two
-# looks in a row found none of its threads on (or waiting for) a CPU.
+# A busy process counts as asleep in its handler once its invocation has lasted this long
+# and two looks in a row found none of its threads on (or waiting for) a CPU.
 ASLEEP_AFTER_SECONDS = 0.02
 
 
@@ -275,18 +290,18 @@ def computing(pid: int) -> bool:
 
 
 class PoolRunner:
-    """Up to `size` reusable handler processes plus inline execution for `inline` handlers.
+    """Up to `size` reusable handler processes plus inline invocation for `inline` handlers.
 
-    The pool grows with what its runs need: it starts WARM_PROCESSES and adds one for each
-    run that has waited GROW_AFTER_SECONDS for a free process, up to `size` (the worker's
+    The pool grows with what its invocations need: it starts WARM_PROCESSES and adds one
+    for each that has waited GROW_AFTER_SECONDS for a free process, up to `size` (the worker's
     concurrency: every slot can still hold a blocking handler) — up to one process per
     CPU (`cpu_budget`), and beyond that one for each busy process asleep in its handler.
     Handlers that sleep in a call (network, disk, `time.sleep`) get a process each;
     handlers that compute get no more processes than CPUs, since another would only
-    share the same CPUs and make each run slower: under a load of short handlers on two
+    share the same CPUs and make each invocation slower: under a load of short handlers on two
     cores, 64 processes per worker completed 12 % fewer executions than 4, at a quarter
     more CPU each (issue 16). A process whose answer waits to be read is about to be free
-    and counts for neither. A worker whose handlers all run inline starts no more than the
+    and counts for neither. A worker whose handlers are all inline starts no more than the
     warm ones. Processes stay once started (a killed one is replaced), idle ones are
     reused last in, first out."""
 
@@ -312,6 +327,8 @@ class PoolRunner:
         self._closing = False
         self._cpus = cpus or cpu_budget()
         self.replaced = 0
+        # The handlers `run_now` found for the executions it left to `run` (taken there).
+        self._found: dict[UUID, HandlerSpec] = {}
 
     @property
     def processes(self) -> int:
@@ -320,7 +337,7 @@ class PoolRunner:
 
     async def start(self) -> None:
         """Start the warm processes, without waiting for them: each joins the idle ones
-        when it is up, and a run waits for the first free one. What inline handlers write
+        when it is up, and an invocation waits for the first free one. What inline handlers write
         is captured from here on (capture.py)."""
         install_inline_capture()
         for _ in range(min(self.size, WARM_PROCESSES)):
@@ -343,7 +360,7 @@ class PoolRunner:
                              extra={"action": "handler_pool_failed"})
             self._spawn_error = exc
             if not self._children and not self._spawning:
-                # Nothing can run them: fail the waiting runs instead of holding them.
+                # Nothing can invoke them: fail the waiting invocations instead of holding them.
                 while self._waiting:
                     waiter = self._waiting.popleft()
                     if not waiter.done():
@@ -362,7 +379,7 @@ class PoolRunner:
         return Child(self._ctx, self.imports, self.allow_shell, self.log_limit)
 
     def _release(self, child: Child) -> None:
-        """A free process: to the run that has waited longest, else to the idle ones."""
+        """A free process: to the invocation that has waited longest, else to the idle ones."""
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -385,13 +402,13 @@ class PoolRunner:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release(waiter.result())  # handed over just as this run was cancelled
+                self._release(waiter.result())  # handed over just as this one was cancelled
             raise
 
     def _grow(self) -> None:
-        """New processes for the runs still waiting, as far as the size, the CPUs and the
-        processes asleep in their handlers allow (then look again a little later, while
-        runs still wait: a handler that computes now may sleep next)."""
+        """New processes for the invocations still waiting, as far as the size, the CPUs and
+        the processes asleep in their handlers allow (then look again a little later, while
+        some still wait: a handler that computes now may sleep next)."""
         self._grow_timer = None
         if self._closing:
             return
@@ -406,7 +423,7 @@ class PoolRunner:
         now = asyncio.get_running_loop().time()
         asleep = sum(1 for c in running if c.asleep(now))
         # Up to one process per CPU; beyond that, one per process asleep in its handler
-        # (runs like its own wait: a burst of sleepers doubles the pool at each look).
+        # (invocations like its own wait: a burst of sleepers doubles the pool at each look).
         # Never for CPUs merely unused by the pool: on a busy machine they are not free.
         spawn = min(wanted - answered, max(self._cpus - self.processes, asleep))
         for _ in range(spawn):
@@ -430,38 +447,39 @@ class PoolRunner:
             child.kill()
         self._children.clear()
         self._idle.clear()
+        self._found.clear()
 
     def run_now(self, due: DueRecord, progress: ProgressFn, trace: Headers | None = None,
                 lines: LinesFn | None = None) -> Outcome | None:
-        """The outcome of a run that needs no waiting, on the spot: an unknown handler, or
-        an inline synchronous one (called here, on the event loop it must not block,
-        inside the context of the trace headers `trace`, when given: its log lines carry
-        the trace id). None for the others, without a look at their headers: `run` them.
-        No task, no second context per execution: a no-op's whole run is a function call."""
+        """The outcome of an execution that needs no waiting, on the spot: an unknown
+        handler, or an inline synchronous one (invoked here, on the event loop it must not
+        block, inside the context of the trace headers `trace`, when given: its log lines
+        carry the trace id). None for the others, without a look at their headers: `run`
+        them, with the handler found here (an execution's handler is looked up once). No
+        task, no second context per execution: a no-op's whole invocation is a function
+        call."""
         spec = self.registry.get(due.job.handler)
         if spec is None:
-            return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
+            return unknown_handler(due.job.handler)
         if not spec.inline or spec.is_async:
+            self._found[due.execution_id] = spec
             return None
-        if trace is None:
-            return inline.run_now(spec.func, due, progress, None, lines=lines,
-                                  log_limit=self.log_limit)
-        with telemetry.attached(trace):
-            return inline.run_now(spec.func, due, progress, telemetry.lone_traceparent(trace),
-                                  lines=lines, log_limit=self.log_limit)
+        return inline.invoke_now(spec, Invocation.of(due, trace), progress, lines=lines,
+                                 log_limit=self.log_limit)
 
     async def run(self, due: DueRecord, progress: ProgressFn, cancel: CancelSignal,
                   trace: Headers | None = None, lines: LinesFn | None = None) -> Outcome:
-        """Run `due` to its outcome: an inline handler inside the context of the trace
-        headers `trace` (its span and log lines join the trace), a pool one in a process
-        that attaches them itself (the parent does not)."""
-        spec = self.registry.get(due.job.handler)
+        """Run `due` to its outcome: its handler invoked inline inside the context of the
+        trace headers `trace` (its span and log lines join the trace), or in a process
+        that attaches them itself (the parent does not). Its handler is the one `run_now`
+        found for it, if it was asked first; else it is looked up here."""
+        spec = self._found.pop(due.execution_id, None) or self.registry.get(due.job.handler)
         if spec is None:
-            return Outcome("PERMANENTLY_FAILED", error=f"unknown handler {due.job.handler!r}")
+            return unknown_handler(due.job.handler)
         if spec.inline:
-            with telemetry.attached(trace):
-                return await inline.run(spec.func, spec.is_async, due, progress, cancel,
-                                        lines=lines, log_limit=self.log_limit)
+            return await inline.invoke_awaited(spec, Invocation.of(due, trace),
+                                               due.job.timeout_seconds, progress, cancel,
+                                               lines=lines, log_limit=self.log_limit)
         child = await self._acquire()
         while child.dead and not self._closing:  # its process died while idle
             await self._replace(child)
@@ -470,7 +488,8 @@ class PoolRunner:
             self._release(child)
             return Outcome("CANCELLED", error="cancelled before it started")
         try:
-            return await child.run(due, progress, cancel, trace, lines)
+            return await child.invoke(Invocation.of(due, trace), due.job.timeout_seconds,
+                                      progress, cancel, lines)
         finally:
             # A child that answered is alive (no waitpid per execution); one that did not
             # was killed or lost its pipe.

@@ -10,7 +10,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from cronstream.services.worker.runner import CancelSignal, make_context
+from cronstream.services.worker.runner import CancelSignal, Invocation
 from cronstream.shared.records import JobDue, JobSnapshot
 
 DUE = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
@@ -20,7 +20,7 @@ DUE = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
 
 def test_a_handler_thread_waiting_for_cancellation_wakes_when_it_is_set() -> None:
     signal = CancelSignal()
-    ctx = make_context(DUE, lambda p, m: None, signal.flag)
+    ctx = Invocation.of(DUE).context(lambda p, m: None, signal.flag, None)
     woke: list[tuple[bool, float]] = []
     waiting = threading.Event()
 
@@ -47,7 +47,7 @@ def test_a_signal_set_before_the_wait_returns_at_once_and_keeps_its_first_reason
     signal.set("worker drained")  # set once: the first reason stays
     assert signal.reason == "timeout"
     assert signal.flag.wait(30) is True  # no blocking: already set
-    assert make_context(DUE, lambda p, m: None, signal.flag).cancelled
+    assert Invocation.of(DUE).context(lambda p, m: None, signal.flag, None).cancelled
 
 
 def test_an_unset_signal_times_out_and_the_loop_can_await_it() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import tests.e2e.handlers_for_tests  # noqa: F401  (registers the handlers in this process too)
 from cronstream.handlers import REGISTRY
 from cronstream.services.worker import builtins  # noqa: F401  (registers sleep)
-from cronstream.services.worker.capture import LINE_BYTES, Line, LineSplitter, RunLog
+from cronstream.services.worker.capture import LINE_BYTES, InvocationLog, Line, LineSplitter
 from cronstream.services.worker.pool import PoolRunner
 from cronstream.services.worker.runner import CancelSignal, Outcome
 from cronstream.shared.records import JobDue, JobSnapshot
@@ -81,7 +81,7 @@ def test_a_flood_is_cut_at_the_attempts_limit_and_says_so() -> None:
 
 
 def test_lines_are_cut_at_16_kib_and_garbage_kept_readable() -> None:
-    log = RunLog(1 << 20)
+    log = InvocationLog(1 << 20)
     splitter = LineSplitter("stdout")
     splitter.feed(b"a" * (LINE_BYTES + 5000), log)  # a long line arrives in pieces
     splitter.feed(b"b" * 10_000 + b"\nnul\x00 and \xc3\x28 invalid\n", log)

@@ -18,7 +18,7 @@ from cronstream.services.monitor.log_bounds import (
     admit,
 )
 from cronstream.services.worker import capture
-from cronstream.services.worker.capture import LineSplitter, RunLog, format_traceback
+from cronstream.services.worker.capture import InvocationLog, LineSplitter, format_traceback
 from cronstream.shared.records import JobDefinition, JobDue, LogBatch, render_log_batch
 
 T0 = datetime(2026, 12, 4, 12, tzinfo=UTC)
@@ -101,7 +101,7 @@ def test_an_honest_workers_log_cut_at_its_limit_is_kept_whole_with_its_notes() -
     """The worker's own capture at the same limit — long lines cut at 16 KiB, the rest
     dropped, its summary and a long traceback — crosses the monitor's bounds untouched."""
     limit = 64 * 1024
-    log = RunLog(limit)
+    log = InvocationLog(limit)
     splitter = LineSplitter("stdout")
     for i in range(3):
         splitter.feed(b"a" * (capture.LINE_BYTES + 12_345_678 + i) + b"\n", log)

@@ -1,7 +1,7 @@
 """The process pool without Kafka: a cancellation reaches the handler that runs (which
 returns, and its process lives on), one that arrives after its execution ended never
-touches the next run of that process, and what a handler is given and returns crosses the
-pipe intact."""
+touches the next invocation in that process, and what a handler is given and returns
+crosses the pipe intact."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import tests.e2e.handlers_for_tests  # noqa: F401  (registers the handlers in this process too)
 from cronstream.handlers import REGISTRY
 from cronstream.services.worker.pool import FORKSERVER_SIGNALS, WARM_PROCESSES, Child, PoolRunner
-from cronstream.services.worker.runner import CancelSignal
+from cronstream.services.worker.runner import CancelSignal, Invocation, Outcome
 from cronstream.shared.records import JobDue, JobSnapshot
 
 HANDLERS = "tests.e2e.handlers_for_tests"
@@ -37,6 +37,10 @@ def _child() -> Child:
 
 def _ignore(percent: float, message: str | None) -> None:
     pass
+
+
+async def _invoke(child: Child, due: JobDue) -> Outcome:
+    return await child.invoke(Invocation.of(due), due.job.timeout_seconds, _ignore, CancelSignal())
 
 
 def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path) -> None:
@@ -62,14 +66,15 @@ def test_a_cancelled_handler_stops_and_its_process_runs_the_next(tmp_path: Path)
     assert len(path.read_text().splitlines()) == 1
 
 
-def test_a_cancellation_read_before_its_run_reaches_the_handler() -> None:
-    """Two pipes, two readers: the child may read a cancellation before the run it names."""
+def test_a_cancellation_read_before_its_invocation_reaches_the_handler() -> None:
+    """Two pipes, two readers: the child may read a cancellation before the invocation it
+    names."""
     async def scenario() -> None:
         child = _child()
         try:
             due = _due("test.wait-for-cancel", seconds=60)
             child.cancels.send_bytes(str(due.execution_id).encode())
-            outcome = await asyncio.wait_for(child.run(due, _ignore, CancelSignal()), 10)
+            outcome = await asyncio.wait_for(_invoke(child, due), 10)
             assert outcome.result == {"cancelled": True}, outcome
         finally:
             child.kill()
@@ -77,15 +82,15 @@ def test_a_cancellation_read_before_its_run_reaches_the_handler() -> None:
     asyncio.run(scenario())
 
 
-def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp_path: Path) -> None:
+def test_a_cancellation_that_arrives_after_its_invocation_leaves_the_next_one_alone(tmp_path: Path) -> None:
     async def scenario() -> None:
         child = _child()
         try:
             first = _due("test.write", path=str(tmp_path / "first.txt"))
-            assert (await child.run(first, _ignore, CancelSignal())).status == "COMPLETED"
+            assert (await _invoke(child, first)).status == "COMPLETED"
             child.cancels.send_bytes(str(first.execution_id).encode())  # too late for it
             second = _due("test.wait-for-cancel", seconds=1)
-            outcome = await asyncio.wait_for(child.run(second, _ignore, CancelSignal()), 10)
+            outcome = await asyncio.wait_for(_invoke(child, second), 10)
             assert (outcome.status, outcome.result) == ("COMPLETED", {"cancelled": False})
         finally:
             child.kill()
@@ -93,7 +98,7 @@ def test_a_cancellation_that_arrives_after_its_run_leaves_the_next_run_alone(tmp
     asyncio.run(scenario())
 
 
-def test_a_run_reaches_its_handler_and_comes_back_exactly() -> None:
+def test_an_invocation_reaches_its_handler_and_comes_back_exactly() -> None:
     """The Context a pool handler gets is the execution's (ids, attempt, key, an aware
     scheduled_at, params with line breaks and nesting, the trace it runs under); its
     progress and its result come back as it sent them."""
@@ -127,7 +132,7 @@ def test_a_run_reaches_its_handler_and_comes_back_exactly() -> None:
     assert reports == [(50.0, params["message"])]
 
 
-def test_the_pool_starts_few_processes_and_grows_with_the_runs_that_wait(tmp_path: Path) -> None:
+def test_the_pool_starts_few_processes_and_grows_with_the_invocations_that_wait(tmp_path: Path) -> None:
     """Executions one after another never need a second process; a burst of handlers that
     hold their process gets one each, up to the pool's size, and no more."""
     size, burst = 6, 9
@@ -200,9 +205,9 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_a_process_that_dies_or_is_killed_takes_only_its_own_run_with_it(tmp_path: Path) -> None:
-    """Runs waiting for the process of a run that dies under it, or is killed at its
-    timeout, run in its replacement, once each."""
+def test_a_process_that_dies_or_is_killed_takes_only_its_own_invocation_with_it(tmp_path: Path) -> None:
+    """Invocations waiting for the process of one that dies under it, or is killed at its
+    timeout, are invoked in its replacement, once each."""
     async def scenario() -> None:
         runner = PoolRunner(REGISTRY, 1, [HANDLERS])
         await runner.start()
@@ -228,7 +233,7 @@ def test_a_process_that_dies_or_is_killed_takes_only_its_own_run_with_it(tmp_pat
             assert len(_lines(tmp_path / f"{ender}-{i}")) == 1
 
 
-def test_a_run_cancelled_while_it_waits_for_a_process_never_runs(tmp_path: Path) -> None:
+def test_an_invocation_cancelled_while_it_waits_for_a_process_never_begins(tmp_path: Path) -> None:
     async def scenario() -> None:
         runner = PoolRunner(REGISTRY, 1, [HANDLERS])
         await runner.start()

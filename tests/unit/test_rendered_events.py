@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from cronstream.services.worker.runner import check_result
+from cronstream.services.worker.runner import returned
 from cronstream.shared.fast_records import FastDue, decode_due
 from cronstream.shared.ids import fast_uuid4, fast_uuid7, new_event_id
 from cronstream.shared.records import ExecutionEvent, JobDue, render_event
@@ -64,7 +64,7 @@ def test_running_and_completed_events_render_as_the_model_writes_them() -> None:
             due, "RUNNING", event_id=uuid.UUID(event_id), occurred_at=occurred, worker_id=worker,
             started_at=started).to_json()
         result = RESULTS[i % len(RESULTS)]
-        assert check_result(result).status == "COMPLETED"
+        assert returned(result, cancelled=False).status == "COMPLETED"
         completed_at = started + timedelta(milliseconds=i)
         completed = render_event(due, "COMPLETED", event_id, occurred, worker_id=worker,
                                  started_at=started, completed_at=completed_at, result=result,
@@ -108,9 +108,9 @@ def test_queued_events_render_as_the_model_writes_them() -> None:
 
 
 def test_a_result_json_cannot_hold_is_refused_before_it_is_rendered() -> None:
-    assert check_result({"when": datetime.now(UTC)}).status == "FAILED"
-    assert check_result("x" * 70_000).status == "FAILED"
-    assert check_result(math.pi).status == "COMPLETED"
+    assert returned({"when": datetime.now(UTC)}, cancelled=False).status == "FAILED"
+    assert returned("x" * 70_000, cancelled=False).status == "FAILED"
+    assert returned(math.pi, cancelled=False).status == "COMPLETED"
 
 
 def test_fast_random_ids_are_version_4_uuids() -> None:

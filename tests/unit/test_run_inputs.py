@@ -21,7 +21,7 @@ from cronstream.handlers import REGISTRY, ResultOmittedError, Upstream
 from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.services.scheduler.clock import Clock, JobClock
 from cronstream.services.worker.pool import PoolRunner
-from cronstream.services.worker.runner import CancelSignal, make_context
+from cronstream.services.worker.runner import CancelSignal, Invocation
 from cronstream.shared.codec import MAX_RECORD_BYTES, decode
 from cronstream.shared.fast_records import FastDue, decode_due
 from cronstream.shared.ids import retry_execution_id
@@ -151,8 +151,8 @@ def test_the_handler_sees_a_read_only_mapping_and_an_omitted_result_says_where_i
     view = view.model_copy(update={"executions": {
         **view.executions, "huge": view.executions["extract"].model_copy(
             update={"execution_id": omitted, "result": None, "result_omitted": True})}})
-    ctx = make_context(due(JobSnapshot(handler="x", params={"own": 1}), upstream=view),
-                       lambda p, m: None, CancelSignal().flag)
+    ctx = Invocation.of(due(JobSnapshot(handler="x", params={"own": 1}), upstream=view)).context(
+        lambda p, m: None, CancelSignal().flag, None)
     assert list(ctx.upstream) == ["extract", "huge"]
     assert ctx.upstream["extract"].result == {"rows": 3}
     assert (ctx.upstream["extract"].status, ctx.upstream["extract"].execution_id) == ("COMPLETED", done)
@@ -165,8 +165,8 @@ def test_the_handler_sees_a_read_only_mapping_and_an_omitted_result_says_where_i
         ctx.upstream["extract"] = None  # type: ignore[index]
     with pytest.raises(TypeError):
         ctx.upstream.root_params["region"] = "us"  # type: ignore[index]
-    plain = make_context(due(JobSnapshot(handler="x", params={"own": 1})), lambda p, m: None,
-                         CancelSignal().flag)
+    plain = Invocation.of(due(JobSnapshot(handler="x", params={"own": 1}))).context(
+        lambda p, m: None, CancelSignal().flag, None)
     assert isinstance(plain.upstream, Upstream) and len(plain.upstream) == 0
     assert plain.upstream.root_params == {"own": 1}, "a root's run params are its own"
 
