@@ -235,7 +235,7 @@ def as_model(due: JobDue | FastDue) -> JobDue:
 
 def upstream_of(due: JobDue | FastDue) -> FastUpstream | None:
     """The DAG step's upstream view of `due` as the fast record (the pool protocol carries
-    it: child.RunMessage), or None for every execution that is not a DAG step."""
+    it: runner.Invocation), or None for every execution that is not a DAG step."""
     upstream = due.upstream
     if upstream is None or isinstance(upstream, FastUpstream):
         return upstream
