@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cronstream.shared.kafka.admin import ensure_topics, latest_offsets, topic_names
+from cronstream.shared.kafka.admin import ensure_topics, group_members, latest_offsets, topic_names
 from cronstream.shared.kafka.consumer import ConsumerThread
 from cronstream.shared.producers import IdempotentProducer, TransactionalProducer
 from cronstream.shared.settings import Settings
@@ -24,6 +24,7 @@ class KafkaClients:
     # Blocking admin calls (services run them in an executor).
     topic_names: Callable[[Settings], list[str]] = topic_names
     latest_offsets: Callable[[Settings, str], list[int]] = latest_offsets
+    group_members: Callable[[Settings, str], list[str]] = group_members
 
 
 REAL = KafkaClients()
