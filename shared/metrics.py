@@ -118,16 +118,18 @@ TASK_RESTARTS = Counter(
 # -- scheduler ----------------------------------------------------------------------------
 
 SCHEDULER_LEADER = Gauge(
-    "cronstream_scheduler_leader", "1 while this scheduler leads, else 0.", registry=None
+    "cronstream_scheduler_leader", "1 while this scheduler leads a shard or more, else 0.",
+    registry=None
 )
-SCHEDULER_JOBS = Gauge("cronstream_scheduler_jobs", "Job definitions held by the leader.", registry=None)
+SCHEDULER_JOBS = Gauge("cronstream_scheduler_jobs", "Jobs in the shards this scheduler leads.",
+                       registry=None)
 SCHEDULER_SUSPENDED = Gauge(
     "cronstream_scheduler_suspended_jobs",
-    "Jobs the leader suspended because they cannot be computed.",
+    "Jobs of the shards it leads this scheduler suspended: they cannot be computed.",
     registry=None,
 )
 SCHEDULER_PENDING_RETRIES = Gauge(
-    "cronstream_scheduler_pending_retries", "Retry timers waiting in the leader.", registry=None
+    "cronstream_scheduler_pending_retries", "Retry timers pending in the shards this scheduler leads.", registry=None
 )
 SCHEDULER_SHARDS_LED = Gauge(
     "cronstream_scheduler_shards_led", "Shards of the clock this scheduler leads (taken over).",

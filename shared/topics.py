@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cronstream.shared.records import PRIORITIES
+from cronstream.shared.shards import shard_of
 
 _DAY_MS = 86_400_000
 _COMPACT = {
@@ -115,6 +116,11 @@ class Topics:
         """The topics other systems produce to or consume from: a compatibility contract
         (schemas/asyncapi.yaml, docs/consuming-events.md)."""
         return [self.job_definitions, self.execution_events, self.alerts, self.dead_letters]
+
+    def shard(self, job_id: str) -> int:
+        """The partition of `scheduler-state` and `retries` that holds what the clock keeps
+        for `job_id`: its shard (shared/shards.py)."""
+        return shard_of(job_id, self.shards)
 
     def logical(self, topic: str) -> str:
         """A topic's name without the prefix (a bounded metric label)."""

@@ -70,6 +70,8 @@ def env_for(settings: Settings) -> dict[str, str]:
         "CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS": str(settings.heartbeat_interval_seconds),
         "CRONSTREAM_WORKER_DEAD_AFTER_SECONDS": str(settings.worker_dead_after_seconds),
         "CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS": str(settings.scheduler_session_timeout_ms),
+        "CRONSTREAM_SCHEDULER_SHARDS": str(settings.scheduler_shards),
+        "CRONSTREAM_SCHEDULER_DATA_DIR": settings.scheduler_data_dir,
         "CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS": str(settings.worker_drain_grace_seconds),
         "CRONSTREAM_LOG_LEVEL": "INFO",
         # Any free port: tests run many services side by side (ServiceProcess.http_port).

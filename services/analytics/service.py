@@ -147,7 +147,9 @@ class AnalyticsService:
         starts, ends = await offsets_since(reader, t.execution_events, since_ms)
         await read_to_end(reader, [TopicPartition(t.alerts, 0)], self._restore)
         opened = len(self.episodes.open)
-        compacted = [TopicPartition(t.job_definitions, 0), TopicPartition(t.scheduler_state, 0)]
+        # Every shard of the clock's compacted topics (shared/shards.py).
+        compacted = [TopicPartition(topic, p) for topic in (t.job_definitions, t.scheduler_state)
+                     for p in await reader.partitions(topic) or [0]]
         await read_to_end(reader, compacted, self._apply)
         positions = await reader.position(compacted)
         await reader.assign([

@@ -42,7 +42,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
-from cronstream.shared.clients import REAL, KafkaClients
+from cronstream.shared.clients import REAL, KafkaClients, resolved_topics
 from cronstream.shared.db import SESSION_LOST, fast_timestamps, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
@@ -137,6 +137,8 @@ class MonitorService:
     async def run(self, stopping: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = stopping
+        # Retry tombstones go to their job's shard of `retries`: as many as the clock has.
+        self.topics = self.outbound.topics = await resolved_topics(self.settings, self.kafka)
         pool = await self._connect(stopping)
         if pool is None:
             return

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.scheduler.store import ShardStore
 from cronstream.shared.codec import decode_key
 from cronstream.shared.kafka.config import OFFSET_BEGINNING
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
-from cronstream.shared.kafka.errors import log_consumer_error
+from cronstream.shared.inbound import SKIP, Inbound
 from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.topics import Topics
 
@@ -71,6 +71,7 @@ class Follower:
     def __init__(self, topics: Topics, reader: ConsumerThread) -> None:
         self.topics = topics
         self.reader = reader
+        self.inbound = Inbound("scheduler", topics, SKIP)
         self.shards: dict[int, Followed] = {}
         self._assigned: set[tuple[str, int]] = set()
         self._changed = asyncio.Event()
@@ -163,15 +164,12 @@ class Follower:
             self._check_reached(f)
 
     def apply(self, messages: list[Message]) -> None:
-        """Write each shard's records into its store (one transaction per shard)."""
+        """Write each shard's records into its store (one transaction per shard). Nothing
+        is judged here (the leader judges the records it fires): the inbound path only
+        reports consumer errors."""
         t = self.topics
         by_shard: dict[int, dict[str, list[Message]]] = {}
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log_consumer_error("scheduler-follower", err)
-                continue
+        for msg in self.inbound.batch(messages).records:
             topic, partition, _offset = position(msg)
             by_shard.setdefault(partition, {}).setdefault(topic, []).append(msg)
         for shard, topics in by_shard.items():

@@ -27,6 +27,8 @@ class MemoryBus:
     partitions: int = 3
     logs: dict[tuple[str, int], list[Message]] = field(default_factory=dict)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    # group -> the client ids of its members (what the coordinator would list).
+    members: dict[str, set[str]] = field(default_factory=dict)
 
     def partition_of(self, key: bytes | None) -> int:
         return zlib.crc32(key or b"") % self.partitions
@@ -275,4 +277,9 @@ def clients(bus: MemoryBus, transactional: Callable[[MemoryBus], MemoryProducer]
         transactional=lambda conf: cast(Any, transactional(bus)),
         idempotent=lambda conf: cast(Any, MemoryIdempotentProducer(bus)),
         ensure_topics=lambda settings, specs: [],
+        topic_names=lambda settings: sorted({t for t, _p in bus.logs}),
+        latest_offsets=lambda settings, topic: [len(bus.logs.get((topic, p), []))
+                                                for p in range(bus.partitions)],
+        group_members=lambda settings, group: sorted(bus.members.get(group, ())),
+        partition_counts=lambda settings, topics: dict.fromkeys(topics, bus.partitions),
     )
