@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any

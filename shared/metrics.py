@@ -129,7 +129,8 @@ SCHEDULER_SUSPENDED = Gauge(
     registry=None,
 )
 SCHEDULER_PENDING_RETRIES = Gauge(
-    "cronstream_scheduler_pending_retries", "Retry timers pending in the shards this scheduler leads.", registry=None
+    "cronstream_scheduler_pending_retries", "Retry timers pending in the shards this scheduler leads.",
+    registry=None
 )
 SCHEDULER_SHARDS_LED = Gauge(
     "cronstream_scheduler_shards_led", "Shards of the clock this scheduler leads (taken over).",

@@ -14,8 +14,8 @@ from cronstream.infra import Infra
 from cronstream.shared import db_roles
 from cronstream.shared.db import apply_migrations, connect
 from cronstream.shared.kafka.admin import ensure_topics, partition_counts
-from cronstream.shared.topics import Topics
 from cronstream.shared.settings import Settings
+from cronstream.shared.topics import Topics
 
 
 @click.group()
@@ -125,14 +125,16 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
 @click.option("--no-topics", is_flag=True, help="Leave Kafka alone (PostgreSQL only).")
 @pass_state
 def init(state: CliState, partitions: int | None, replication_factor: int | None,
-         min_insync_replicas: int | None, scheduler_shards: int | None, roles: bool, owner_password: str | None,
-         writer_password: str | None, reader_password: str | None, no_topics: bool) -> None:
+         min_insync_replicas: int | None, scheduler_shards: int | None, roles: bool,
+         owner_password: str | None, writer_password: str | None, reader_password: str | None,
+         no_topics: bool) -> None:
     """Create the topics and apply the PostgreSQL migrations (idempotent).
 
     Existing topics are left as they are (their partition count and replication factor are
-    not changed: the clock's shards are fixed once job-definitions exists, and init says so). With --roles, once, by an administrator: the three roles of least
-    privilege (a role's password is set when given; a role without one logs in only where
-    pg_hba.conf trusts it)."""
+    not changed: the clock's shards are fixed once job-definitions exists, and init says
+    so). With --roles, once, by an administrator: the three roles of least privilege (a
+    role's password is set when given; a role without one logs in only where pg_hba.conf
+    trusts it)."""
     passwords = {role: password for role, password in zip(
         db_roles.ROLES, (owner_password, writer_password, reader_password), strict=True) if password}
     if passwords and not roles:

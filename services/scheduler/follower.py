@@ -30,9 +30,9 @@ from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.scheduler.store import ShardStore
 from cronstream.shared.codec import decode_key
+from cronstream.shared.inbound import SKIP, Inbound
 from cronstream.shared.kafka.config import OFFSET_BEGINNING
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
-from cronstream.shared.inbound import SKIP, Inbound
 from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.topics import Topics
 
