@@ -122,8 +122,7 @@ class AnalyticsService:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        self._producer = self.kafka.idempotent(producer_config(self.settings, f"analytics-{self.instance}"))
-        reader = self.kafka.consumer(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
+        reader, producer = self.open()
         sampler: asyncio.Task[None] | None = None
         try:
             ends = await self._start(reader)
@@ -135,8 +134,15 @@ class AnalyticsService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
             await reader.close()
-            self._producer.flush(5.0)
+            producer.flush(5.0)
             self._flusher.shutdown(wait=True)
+
+    def open(self) -> tuple[ConsumerThread, IdempotentProducer]:
+        """Make the Kafka clients (none is contacted yet): the reader, the alerts' producer."""
+        producer = self._producer = self.kafka.idempotent(
+            producer_config(self.settings, f"analytics-{self.instance}"))
+        reader = self.kafka.consumer(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
+        return reader, producer
 
     async def _start(self, reader: ConsumerThread) -> dict[tuple[str, int], int]:
         """Steps 1-2, then the assignment of step 3; returns the replay's ends."""
