@@ -23,6 +23,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime
 from typing import Literal
 
@@ -33,6 +34,7 @@ from cronstream.shared.codec import decode_key
 from cronstream.shared.inbound import SKIP, Inbound
 from cronstream.shared.kafka.config import OFFSET_BEGINNING
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.errors import settled
 from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.topics import Topics
 
@@ -119,7 +121,8 @@ class Follower:
         f.reached.clear()
         ends = {}
         for topic in (self.topics.job_definitions, self.topics.scheduler_state, self.topics.retries):
-            _low, high = await self.reader.watermarks(TopicPartition(topic, shard))
+            tp = TopicPartition(topic, shard)
+            _low, high = await settled(partial(self.reader.watermarks, tp), f"end of {topic}[{shard}]")
             ends[topic] = high
         f.ends = ends
         self._changed.set()
@@ -144,9 +147,13 @@ class Follower:
             if not self._assigned:
                 await _wait(self._changed, stopping, 0.5)
                 continue
-            messages = await self.reader.consume(BATCH, 0.2)
+            waiting = any(f.ends for f in self.shards.values())
+            # A takeover waits on this loop: poll briefly then, and look at the positions
+            # after every batch (a partition written in transactions ends in a marker,
+            # which takes an offset and brings no record).
+            messages = await self.reader.consume(BATCH, 0.01 if waiting else 0.2)
             self.apply(messages)
-            if not messages:
+            if waiting:
                 await self._check_positions()
 
     async def _check_positions(self) -> None:

@@ -251,10 +251,12 @@ class ShardLeader:
         self._producer = self.kafka.transactional(
             producer_config(self.settings, f"scheduler-{self.instance}-{self.shard}", transactional_id=tid))
         await self._producer.init()
+        steps = {"fence": time.monotonic()}
         log(logger, "leader_fenced_predecessor", instance=self.instance, shard=self.shard,
             transactional_id=tid)
         # Everything the predecessor committed is in the log now: read it into the store.
         await self.follower.caught_up(self.shard)
+        steps["tail"] = time.monotonic()
         self.follower.follow(self.shard, self.store, "leading", on_retries=self.on_retries)
 
         tp = TopicPartition(self.topics.job_definitions, self.shard)
@@ -268,6 +270,7 @@ class ShardLeader:
         await self._caught_up.wait()
         if not self._active:
             return
+        steps["definitions"] = time.monotonic()
 
         unprocessed, self._unprocessed = self._unprocessed, []
         for chunk in range(0, len(unprocessed), DEFINITIONS_PER_ROUND):
@@ -278,6 +281,7 @@ class ShardLeader:
             self._store_applied(applied, [])
             self.clock.evict()
         await self._reconcile()
+        steps["reconcile"] = time.monotonic()
         self._pending_fixes += self._admit_window(None)
         if self._pending_fixes or self.out.has_suspensions():
             records, self._pending_fixes = self._pending_fixes + self.out.suspension_alerts(), []
@@ -286,9 +290,11 @@ class ShardLeader:
         self.ready.set()
         self.took_over_seconds = round(time.monotonic() - started, 3)
         self._tasks.append(asyncio.create_task(self._prepare_loop(), name=f"scheduler-prepare-{self.shard}"))
+        marks = [started, *steps.values()]
         log(logger, "leader_ready", instance=self.instance, shard=self.shard, jobs=self.store.count(),
             held=len(self.clock.jobs), retries=self.store.retry_count(),
-            takeover_seconds=self.took_over_seconds)
+            takeover_seconds=self.took_over_seconds,
+            **{f"{name}_ms": round(1000 * (marks[i + 1] - marks[i])) for i, name in enumerate(steps)})
 
     def _store_applied(self, applied: list[Applied], timings: list[StateChange]) -> None:
         """What a committed transaction changed: the definitions it applied and the
