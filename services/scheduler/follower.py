@@ -23,8 +23,8 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime
+from functools import partial
 from typing import Literal
 
 from confluent_kafka import Message, TopicPartition
