@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import TopicPartition
 
@@ -77,7 +77,7 @@ class Shard:
     task: asyncio.Task[None]
 
     def leader(self) -> ShardLeader:
-        return ShardLeader(SETTINGS, SHARD, election=self.election, store=self.store,
+        return ShardLeader(SETTINGS, SHARD, election=cast(Any, self.election), store=self.store,
                            follower=self.follower, instance="s1", kafka=self.kafka,
                            group_metadata=lambda: "memory-group")
 
@@ -89,10 +89,11 @@ class Shard:
 async def shard(bus: MemoryBus, tmp_path: Path, epochs: Epochs) -> Shard:
     kafka = clients(bus)
     kafka = KafkaClients(consumer=kafka.consumer, idempotent=kafka.idempotent,
-                         transactional=lambda conf: FencedProducer(bus, epochs, conf["transactional.id"]),
+                         transactional=lambda conf: cast(Any, FencedProducer(bus, epochs,
+                                                                             conf["transactional.id"])),
                          ensure_topics=kafka.ensure_topics, partition_counts=kafka.partition_counts)
     store = ShardStore(tmp_path / f"shard-{SHARD}.sqlite", SHARD)
-    follower = Follower(T, MemoryConsumerThread(bus, "follower"))
+    follower = Follower(T, cast(Any, MemoryConsumerThread(bus, "follower")))
     stopping = asyncio.Event()
     task = asyncio.create_task(follower.run(stopping))
     election = MemoryConsumerThread(bus, "definitions", eof=True)
