@@ -144,6 +144,7 @@ class ShardLeader:
         self._pending_retries: list[Message] = []
         self._pending_fixes: list[OutRecord] = []
         self._caught_up = asyncio.Event()
+        self._fed = asyncio.Event()
         self._wake = asyncio.Event()
         self._round_gap = ROUND_GAP_SECONDS
         self._txn_lock = asyncio.Lock()
@@ -203,6 +204,7 @@ class ShardLeader:
                 self._load_definition(batch, msg)
             else:
                 self._pending_defs.append(msg)
+        self._fed.set()
         if self._processed:  # the bytes of what an earlier leader handled, in one write
             processed, self._processed = self._processed, []
             self.store.write(definitions=processed,
@@ -267,19 +269,10 @@ class ShardLeader:
         await self.election.on_lane(lambda c: c.incremental_assign(
             [TopicPartition(tp.topic, self.shard, start)]))
         self._reading = True
-        await self._caught_up.wait()
+        await self._process_unprocessed()
         if not self._active:
             return
         steps["definitions"] = time.monotonic()
-
-        unprocessed, self._unprocessed = self._unprocessed, []
-        for chunk in range(0, len(unprocessed), DEFINITIONS_PER_ROUND):
-            defs = unprocessed[chunk:chunk + DEFINITIONS_PER_ROUND]
-            applied: list[Applied] = []
-            records = self.out.definitions(self.inbound.batch(defs), applied)
-            await self._commit(records, [TopicPartition(tp.topic, self.shard, position(defs[-1])[2] + 1)])
-            self._store_applied(applied, [])
-            self.clock.evict()
         await self._reconcile()
         steps["reconcile"] = time.monotonic()
         self._pending_fixes += self._admit_window(None)
@@ -296,6 +289,28 @@ class ShardLeader:
             takeover_seconds=self.took_over_seconds,
             **{f"{name}_ms": round(1000 * (marks[i + 1] - marks[i])) for i, name in enumerate(steps)})
 
+    async def _process_unprocessed(self) -> None:
+        """Validate and apply the definitions no earlier leader processed, in transactions of
+        DEFINITIONS_PER_ROUND as they arrive (a first leader of a shard of a million jobs
+        never holds them all), until the end of the partition."""
+        tp = TopicPartition(self.topics.job_definitions, self.shard)
+        while self._active:
+            ended = self._caught_up.is_set()
+            if len(self._unprocessed) >= DEFINITIONS_PER_ROUND or (ended and self._unprocessed):
+                defs = self._unprocessed[:DEFINITIONS_PER_ROUND]
+                del self._unprocessed[:DEFINITIONS_PER_ROUND]
+                applied: list[Applied] = []
+                records = self.out.definitions(self.inbound.batch(defs), applied)
+                await self._commit(records, [TopicPartition(tp.topic, self.shard, position(defs[-1])[2] + 1)])
+                self._store_applied(applied, [])
+                self.clock.evict()
+                continue
+            if ended:
+                return
+            self._fed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fed.wait(), 0.1)
+
     def _store_applied(self, applied: list[Applied], timings: list[StateChange]) -> None:
         """What a committed transaction changed: the definitions it applied and the
         timings it wrote, into the shard's store."""
@@ -311,17 +326,16 @@ class ShardLeader:
     async def _reconcile(self) -> None:
         """Jobs whose stored timing was not computed from their definition: computed again
         (every job, for the very first leader of a shard); timings of deleted jobs dropped."""
-        changes: list[StateChange] = []
-        for row in self.store.unreconciled():
-            if row.raw is None:
-                changes.append(StateChange(row.job_id, None))
-            else:
-                changes.append(self.clock.recompute(_job(row)))
-            if len(changes) >= RECONCILE_PER_TRANSACTION:
-                await self._commit_states(changes)
-                changes = []
-        await self._commit_states(changes)
-        self.clock.evict()
+        after = ""
+        while self._active:
+            rows = self.store.unreconciled(after, RECONCILE_PER_TRANSACTION)
+            if not rows:
+                break
+            after = rows[-1].job_id
+            changes = [StateChange(row.job_id, None) if row.raw is None else self.clock.recompute(_job(row))
+                       for row in rows]
+            await self._commit_states(changes)
+            self.clock.evict()
 
     async def _commit_states(self, changes: list[StateChange]) -> None:
         if not changes:

@@ -209,12 +209,14 @@ class ShardStore:
             "SELECT execution_id, due_ms, value, headers FROM retries WHERE due_ms >= ? AND due_ms < ? "
             "ORDER BY due_ms", (low, end_ms)).fetchall()
 
-    def unreconciled(self) -> Iterator[StoredJob]:
+    def unreconciled(self, after: str = "", limit: int = 10_000) -> list[StoredJob]:
         """Jobs whose stored timing was not computed from their definition (or that have
-        none), and timings of deleted jobs (raw None): what a new leader computes again."""
-        yield from (StoredJob(*row) for row in self._db.execute(
+        none), and timings of deleted jobs (raw None): what a new leader computes again.
+        A page of `limit`, in job_id order after `after`."""
+        return [StoredJob(*row) for row in self._db.execute(
             "SELECT job_id, def_offset, observed_ms, raw, st_offset, next_fire_ms, last_fire_ms "
-            "FROM jobs WHERE st_offset IS NULL OR def_offset IS NULL OR st_offset != def_offset"))
+            "FROM jobs WHERE job_id > ? AND (st_offset IS NULL OR def_offset IS NULL "
+            "OR st_offset != def_offset) ORDER BY job_id LIMIT ?", (after, limit)).fetchall()]
 
     def dependents(self) -> Iterator[tuple[str, list[str]]]:
         """Every DEPENDENT job of the shard with its upstreams."""
