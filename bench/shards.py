@@ -61,8 +61,8 @@ def definitions(n: int, seed: int = 7) -> Any:
         elif roll < 0.9:
             d = {"type": "INTERVAL", "interval_seconds": rng.randrange(3600, 86_400)}
         else:
-            d = {"type": "ONE_TIME", "run_at": (now + timedelta(seconds=rng.randrange(3600, 10 * 365 * 86_400))
-                                                ).isoformat()}
+            ahead = timedelta(seconds=rng.randrange(3600, 10 * 365 * 86_400))
+            d = {"type": "ONE_TIME", "run_at": (now + ahead).isoformat()}
         yield job_id, {"job_id": job_id, "handler": "noop", "params": {"i": i}, **d}
 
 
@@ -140,127 +140,150 @@ def rss(procs: list[ServiceProcess]) -> dict[str, int]:
     return found
 
 
-def run() -> dict[str, Any]:
-    n = int(os.environ.get("BENCH_DEFINITIONS", "1000000"))
-    shards = int(os.environ.get("BENCH_SHARDS", "32"))
-    count = int(os.environ.get("BENCH_PROCESSES", "3"))
-    steady = int(os.environ.get("BENCH_STEADY_SECONDS", "60"))
-    burst = int(os.environ.get("BENCH_BURST", "100000"))
-    os.environ["CRONSTREAM_SCHEDULER_SHARDS"] = str(shards)
-    system = BenchSystem(f"shards_{n}", partitions=6)
-    result: dict[str, Any] = {"params": {"definitions": n, "shards": shards, "processes": count,
-                                         "standbys": 1, "probes": PROBES,
-                                         "session_timeout_ms": system.settings.scheduler_session_timeout_ms}}
-    session_ms = system.settings.scheduler_session_timeout_ms
-    try:
+class Run:
+    """One run of the benchmark: its system, its processes, its figures."""
+
+    def __init__(self) -> None:
+        self.n = int(os.environ.get("BENCH_DEFINITIONS", "1000000"))
+        self.shards = int(os.environ.get("BENCH_SHARDS", "32"))
+        self.count = int(os.environ.get("BENCH_PROCESSES", "3"))
+        self.steady = int(os.environ.get("BENCH_STEADY_SECONDS", "60"))
+        self.burst = int(os.environ.get("BENCH_BURST", "100000"))
+        os.environ["CRONSTREAM_SCHEDULER_SHARDS"] = str(self.shards)
+        self.system = BenchSystem(f"shards_{self.n}", partitions=6)
+        self.settings = self.system.settings
+        self.session_ms = self.settings.scheduler_session_timeout_ms
+        self.producer = publisher(self.settings)
+        self.procs: list[ServiceProcess] = []
+        self.result: dict[str, Any] = {"params": {
+            "definitions": self.n, "shards": self.shards, "processes": self.count, "standbys": 1,
+            "probes": PROBES, "session_timeout_ms": self.session_ms}}
+
+    def start(self, name: str, shown: str | None = None) -> ServiceProcess:
+        return self.system.start("scheduler", "--instance-id", name, "--standbys", "1",
+                                 name=shown or name)
+
+    def all_led(self) -> bool:
+        return every_shard_led(self.procs, self.shards)
+
+    def publish(self) -> None:
         t0 = time.monotonic()
-        producer = publisher(system.settings)
-        topic = system.settings.topics.job_definitions
+        topic = self.settings.topics.job_definitions
         batch: list[tuple[str, dict[str, Any]]] = []
-        for item in definitions(n):
+        for item in definitions(self.n):
             batch.append(item)
             if len(batch) >= 100_000:
-                publish(producer, topic, batch)
+                publish(self.producer, topic, batch)
                 batch = []
-        publish(producer, topic, batch + probes())
-        result["publish_seconds"] = round(time.monotonic() - t0, 1)
-        print(f"published {n} in {result['publish_seconds']} s", flush=True)
+        publish(self.producer, topic, batch + probes())
+        self.result["publish_seconds"] = round(time.monotonic() - t0, 1)
+        print(f"published {self.n} in {self.result['publish_seconds']} s", flush=True)
 
+    def cold_start(self) -> None:
         started = time.monotonic()
-        procs = [system.start("scheduler", "--instance-id", f"s{i}", "--standbys", "1", name=f"s{i}")
-                 for i in range(count)]
-        eventually(lambda: every_shard_led(procs, shards), 7200, interval=2, message="every shard led")
-        result["every_shard_led_after_seconds"] = round(time.monotonic() - started, 1)
-        print(f"every shard led after {result['every_shard_led_after_seconds']} s", flush=True)
+        self.procs = [self.start(f"s{i}") for i in range(self.count)]
+        eventually(self.all_led, 7200, interval=2, message="every shard led")
+        self.result["every_shard_led_after_seconds"] = round(time.monotonic() - started, 1)
+        print(f"every shard led after {self.result['every_shard_led_after_seconds']} s", flush=True)
         eventually(lambda: all((metric(p, "cronstream_scheduler_standby_lag_records") or 1) < 1000
-                               for p in procs), 7200, interval=5, message="standbys caught up")
-        result["standbys_caught_up_after_seconds"] = round(time.monotonic() - started, 1)
-        memory = rss(procs)
-        result["rss_mb"] = {k: round(v / 2**20) for k, v in memory.items()}
-        result["rss_total_mb"] = round(sum(memory.values()) / 2**20)
-        result["rss_bytes_per_definition"] = round(sum(memory.values()) / n, 1)
-        result["shards_led"] = {p.name: len(led(p)) for p in procs}
+                               for p in self.procs), 7200, interval=5, message="standbys caught up")
+        self.result["standbys_caught_up_after_seconds"] = round(time.monotonic() - started, 1)
+        memory = rss(self.procs)
+        self.result["rss_mb"] = {k: round(v / 2**20) for k, v in memory.items()}
+        self.result["rss_total_mb"] = round(sum(memory.values()) / 2**20)
+        self.result["rss_bytes_per_definition"] = round(sum(memory.values()) / self.n, 1)
+        self.result["shards_led"] = {p.name: len(led(p)) for p in self.procs}
 
-        # Steady state.
-        steady_from = int(time.time() * 1000) + 5000
-        time.sleep(5 + steady)
-        lags = [ts - at for job, at, ts in read_due(system.settings, steady_from)
-                if job.startswith("probe-") and at >= steady_from]
-        result["steady_fire_lag_ms"] = {k: round(v, 1) for k, v in summary(lags).items()}
-        result["steady_fires_per_second"] = round(len(lags) / steady, 1)
+    def steady_lag(self) -> None:
+        since = int(time.time() * 1000) + 5000
+        time.sleep(5 + self.steady)
+        lags = [ts - at for job, at, ts in read_due(self.settings, since)
+                if job.startswith("probe-") and at >= since]
+        self.result["steady_fire_lag_ms"] = {k: round(v, 1) for k, v in summary(lags).items()}
+        self.result["steady_probe_fires_per_second"] = round(len(lags) / self.steady, 1)
 
-        # SIGKILL.
-        victim = max(procs, key=lambda p: len(led(p)))
+    def sigkill(self) -> None:
+        victim = max(self.procs, key=lambda p: len(led(p)))
         lost = led(victim)
+        marks = {p.name: len(p.log()) for p in self.procs}
         killed = int(time.time() * 1000)
         victim.kill()
-        eventually(lambda: every_shard_led(procs, shards), 600, interval=0.5, message="taken over")
+        eventually(self.all_led, 600, interval=0.5, message="taken over")
         time.sleep(3)
-        after = read_due(system.settings, killed - 2000)
+        after = read_due(self.settings, killed - 2000)
         firsts = []
         for shard in sorted(lost):
-            mine = [ts for job, at, ts in after if job.startswith("probe-")
-                    and shard_of(job, shards) == shard and at > killed]
+            # Committed after the kill (the victim committed some of them ahead, before it).
+            mine = [ts for job, _at, ts in after if job.startswith("probe-")
+                    and shard_of(job, self.shards) == shard and ts > killed]
             if mine:
                 firsts.append(min(mine) - killed)
-        result["sigkill"] = {"shards_lost": len(lost), "fires_again_after_ms": summary(firsts),
-                             "bound_ms": session_ms + 2000}
-        took = [float(x) for p in procs if p.alive()
+        took = [float(x) for p in self.procs if p.alive()
                 for x in re.findall(r"action=leader_ready .*?takeover_seconds=([\d.]+)",
-                                    p.log()[-200_000:])]
-        result["sigkill"]["takeover_seconds_max"] = max(took) if took else None
-        again = system.start("scheduler", "--instance-id", victim.name, "--standbys", "1",
-                             name=f"{victim.name}-again")
-        procs[procs.index(victim)] = again
-        eventually(lambda: every_shard_led(procs, shards) and bool(led(again)), 1800, interval=1,
-                   message="the killed process rejoined")
+                                    p.log()[marks[p.name]:])]
+        self.result["sigkill"] = {"shards_lost": len(lost), "fires_again_after_ms": summary(firsts),
+                                  "bound_ms": self.session_ms + 2000,
+                                  "takeover_seconds_max": max(took) if took else None}
+        self.rejoin(victim)
 
-        # SIGTERM.
-        leaving = max((p for p in procs if p.alive()), key=lambda p: len(led(p)))
+    def rejoin(self, gone: ServiceProcess) -> None:
+        again = self.start(gone.name, f"{gone.name}-again")
+        self.procs[self.procs.index(gone)] = again
+        eventually(lambda: self.all_led() and bool(led(again)), 1800, interval=1,
+                   message=f"{gone.name} rejoined")
+
+    def sigterm(self) -> None:
+        leaving = max((p for p in self.procs if p.alive()), key=lambda p: len(led(p)))
         moved = led(leaving)
         termed = int(time.time() * 1000)
         leaving.stop(timeout=60)
-        eventually(lambda: every_shard_led(procs, shards), 600, interval=0.5, message="handed over")
+        eventually(self.all_led, 600, interval=0.5, message="handed over")
         time.sleep(3)
-        around = [(ts - at) for job, at, ts in read_due(system.settings, termed - 5000)
+        around = [(ts - at) for job, at, ts in read_due(self.settings, termed - 5000)
                   if job.startswith("probe-") and termed - 2000 <= at <= termed + 3000]
-        result["sigterm"] = {"shards_moved": len(moved), "latest_fire_ms": max(around) if around else None,
-                             "bound_ms": 1000}
-        procs[procs.index(leaving)] = system.start("scheduler", "--instance-id", leaving.name, "--standbys",
-                                                   "1", name=f"{leaving.name}-again")
-        eventually(lambda: every_shard_led(procs, shards), 1800, interval=1, message="rejoined")
+        self.result["sigterm"] = {"shards_moved": len(moved),
+                                  "latest_fire_ms": max(around) if around else None, "bound_ms": 1000}
+        self.rejoin(leaving)
 
-        # The burst.
+    def burst_in_one_second(self) -> None:
         due = (datetime.now(UTC) + timedelta(seconds=150)).replace(microsecond=0)
-        publish(producer, topic, [(f"burst-{i:06d}", {"job_id": f"burst-{i:06d}", "type": "ONE_TIME",
-                                                      "run_at": due.isoformat(), "handler": "noop"})
-                                  for i in range(burst)])
+        publish(self.producer, self.settings.topics.job_definitions, [
+            (f"burst-{i:06d}", {"job_id": f"burst-{i:06d}", "type": "ONE_TIME",
+                                "run_at": due.isoformat(), "handler": "noop"}) for i in range(self.burst)])
         due_ms = int(due.timestamp() * 1000)
         time.sleep(max(0.0, due_ms / 1000 - time.time()) + 5)
 
-        def burst_fires() -> list[tuple[str, int, int]]:
-            return [f for f in read_due(system.settings, due_ms - 5000) if f[0].startswith("burst-")]
-        fired = eventually(lambda: (f := burst_fires()) and len({j for j, _, _ in f}) >= burst and f,
-                           300, interval=2, message="every burst job fired")
-        result["burst"] = {"jobs": burst, "all_committed_after_ms": max(ts for _, _, ts in fired) - due_ms,
-                           "half_committed_after_ms": sorted(ts for _, _, ts in fired)[len(fired) // 2] - due_ms,
-                           "doubled": len(fired) - len({j for j, _, _ in fired}), "bound_ms": 2000}
+        def fired() -> list[tuple[str, int, int]] | None:
+            found = [f for f in read_due(self.settings, due_ms - 5000) if f[0].startswith("burst-")]
+            return found if len({j for j, _, _ in found}) >= self.burst else None
+        found = eventually(fired, 300, interval=2, message="every burst job fired")
+        stamps = sorted(ts for _, _, ts in found)
+        self.result["burst"] = {"jobs": self.burst, "all_committed_after_ms": stamps[-1] - due_ms,
+                                "half_committed_after_ms": stamps[len(stamps) // 2] - due_ms,
+                                "doubled": len(found) - len({j for j, _, _ in found}), "bound_ms": 2000}
 
-        # Exactly once, over the whole run.
-        everything = read_due(system.settings)
+    def exactly_once(self) -> None:
         by_probe: dict[str, list[int]] = defaultdict(list)
-        for job, at, _ts in everything:
+        for job, at, _ts in read_due(self.settings):
             if job.startswith("probe-"):
                 by_probe[job].append(at)
-        doubled = sum(c - 1 for times in by_probe.values() for c in Counter(times).values() if c > 1)
-        missed = sum(max(0, (b - a) // 1000 - 1) for times in by_probe.values()
-                     for a, b in itertools.pairwise(sorted(set(times))))
-        result["probe_fires"] = sum(len(t) for t in by_probe.values())
-        result["missed"], result["doubled"] = missed, doubled
-        result["rss_total_mb_at_end"] = round(sum(rss(procs).values()) / 2**20)
-        return result
+        self.result["probe_fires"] = sum(len(t) for t in by_probe.values())
+        self.result["doubled"] = sum(c - 1 for times in by_probe.values()
+                                     for c in Counter(times).values() if c > 1)
+        self.result["missed"] = sum(max(0, (b - a) // 1000 - 1) for times in by_probe.values()
+                                    for a, b in itertools.pairwise(sorted(set(times))))
+        self.result["rss_total_mb_at_end"] = round(sum(rss(self.procs).values()) / 2**20)
+
+
+def run() -> dict[str, Any]:
+    bench = Run()
+    try:
+        for step in (bench.publish, bench.cold_start, bench.steady_lag, bench.sigkill, bench.sigterm,
+                     bench.burst_in_one_second, bench.exactly_once):
+            step()
+        return bench.result
     finally:
-        system.close()
+        bench.system.close()
 
 
 BENCHES = {"run": run}

@@ -5,9 +5,10 @@ store (store.py), so that taking a shard over reads only the tail.
 Per shard, by the process's role in it:
 - standby: `job-definitions`, `scheduler-state` and `retries` of the shard, applied to its
   store as they come (nothing validated: the leader judges the records);
-- taking over: the same, until the partitions reach the end they had once the new
-  leader fenced its predecessor (`caught_up`): then the store holds everything the
-  predecessor committed;
+- taking over: `scheduler-state` and `retries`, until they reach the end they had once
+  the new leader fenced its predecessor (`caught_up`): then the store holds everything
+  the predecessor committed (the leader reads the definitions itself, from where the
+  store stands);
 - leading: `retries` only, handed to the leader (a retry a worker asked for is a timer
   of the shard). Definitions reach the leader through the election consumer, and the
   state it writes itself.
@@ -95,11 +96,18 @@ class Follower:
         t = self.topics
         wanted: dict[tuple[str, int], Followed] = {}
         for s, f in self.shards.items():
-            topics = [t.retries] if f.role == "leading" else \
-                [t.job_definitions, t.scheduler_state, t.retries]
-            for topic in topics:
+            for topic in self._topics(f.role):
                 wanted[(topic, s)] = f
         return wanted
+
+    def _topics(self, role: Role) -> list[str]:
+        """What the follower reads of a shard: everything for a standby; a shard taken over
+        reads its definitions through the leader's own consumer (from where this store
+        stands), so only its state and retries here; a leader's, only its retries."""
+        t = self.topics
+        if role == "standby":
+            return [t.job_definitions, t.scheduler_state, t.retries]
+        return [t.scheduler_state, t.retries] if role == "taking_over" else [t.retries]
 
     async def _reassign(self, wanted: dict[tuple[str, int], Followed]) -> None:
         if set(wanted) == self._assigned:
@@ -115,12 +123,12 @@ class Follower:
     # -- taking over ----------------------------------------------------------------
 
     async def caught_up(self, shard: int) -> None:
-        """Read the shard's three partitions to the end they have now (the new leader has
+        """Read the shard's state and retries to the end they have now (the new leader has
         fenced its predecessor, so nothing it committed is still to come)."""
         f = self.shards[shard]
         f.reached.clear()
         ends = {}
-        for topic in (self.topics.job_definitions, self.topics.scheduler_state, self.topics.retries):
+        for topic in self._topics(f.role):
             tp = TopicPartition(topic, shard)
             _low, high = await settled(partial(self.reader.watermarks, tp), f"end of {topic}[{shard}]")
             ends[topic] = high
