@@ -187,7 +187,9 @@ class AsyncClient:
         await self._check_topics([topic])
         reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
         try:
-            await asyncio.wait_for(read_to_end(reader, [TopicPartition(topic, 0)], keep),
+            # Every shard of the clock: a job's definitions are all on its own partition.
+            shards = await asyncio.wait_for(reader.partitions(topic), self.timeout) or [0]
+            await asyncio.wait_for(read_to_end(reader, [TopicPartition(topic, p) for p in shards], keep),
                                    self.timeout * 6)
         except (KafkaException, TimeoutError) as exc:
             raise UnavailableError(f"cannot read {topic} from Kafka at "

@@ -132,6 +132,7 @@ class SchedulerService:
             await follower.reader.close()
             for store in self.stores.values():
                 store.close()
+            self._lock_file.close()  # releases the data directory
 
     async def _hand_over(self) -> None:
         """Stop every leader after a last round that fires its ALLOW jobs of the next
