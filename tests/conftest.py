@@ -221,7 +221,7 @@ class Processes:
         }
         for i in range(1, workers + 1):
             procs[f"worker-{i}"] = self.worker(f"w{i}", *worker_args, wait=False)
-        procs["scheduler"].wait_for_log("action=leader_ready")
+        procs["scheduler"].wait_for_log("action=scheduler_ready")
         procs["dispatcher"].wait_for_log("action=dispatcher_started")
         for i in range(1, workers + 1):
             procs[f"worker-{i}"].wait_for_log("action=partitions_assigned")

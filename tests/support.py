@@ -212,8 +212,10 @@ def projection_equals_log(settings: Settings) -> bool:
 def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,
             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
     """Publish one record as any plain Kafka client would."""
+    # The Java client's partitioner, as every producer of definitions must use (a job's
+    # shard is the partition murmur2 gives its job_id: shared/shards.py).
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True})
+                         "enable.idempotence": True, "partitioner": "murmur2_random"})
     producer.produce(topic, value, key, headers=headers)
     assert producer.flush(30) == 0
 

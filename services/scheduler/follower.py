@@ -93,7 +93,6 @@ class Follower:
             self._changed.set()
 
     def _wanted(self) -> dict[tuple[str, int], Followed]:
-        t = self.topics
         wanted: dict[tuple[str, int], Followed] = {}
         for s, f in self.shards.items():
             for topic in self._topics(f.role):

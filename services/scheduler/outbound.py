@@ -25,6 +25,7 @@ from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import Alert, JobDefinition, now_utc
+from cronstream.shared.shards import shard_of
 from cronstream.shared.telemetry import Headers
 from cronstream.shared.topics import Topics
 
@@ -106,6 +107,14 @@ class LeaderRecords:
         `batch` dead-letters, suspends its job until a valid one replaces it)."""
         job_id = batch.read(lambda _value, key: decode_key(key), msg)
         if job_id is None:
+            return []
+        shard = shard_of(job_id, self.topics.shards)
+        if position(msg)[1] != shard:
+            # Published with another partitioner: another shard may hold the job too, and
+            # two leaders would fire it. Refused, with what to do.
+            batch.reject(msg, f"job {job_id!r} is on partition {position(msg)[1]}, but murmur2 of its "
+                              f"job_id gives shard {shard}: publish definitions with the Java client's "
+                              "partitioner (librdkafka: partitioner=murmur2_random)")
             return []
         value = msg.value()
         definition = None

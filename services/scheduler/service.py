@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import time
+from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from cronstream.services.scheduler.follower import Follower
 from cronstream.services.scheduler.leader import ShardLeader
@@ -45,7 +48,13 @@ from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
 from cronstream.shared.kafka.config import END_FETCH_WAIT_MS, consumer_config, reader_config
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
-from cronstream.shared.kafka.errors import settled
+from cronstream.shared.kafka.errors import (
+    NOT_AUTHORIZED_HINT,
+    NotAuthorized,
+    kafka_error,
+    not_authorized,
+    settled,
+)
 from cronstream.shared.kafka.reading import position
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
@@ -87,15 +96,14 @@ class SchedulerService:
         self._definitions: ConsumerThread | None = None
         self._membership: ConsumerThread | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._ready_roles: tuple[frozenset[int], frozenset[int]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        loop = self._event_loop = asyncio.get_running_loop()
+        self._event_loop = asyncio.get_running_loop()
         self._data_dir().mkdir(parents=True, exist_ok=True)
         self._lock()
-        await loop.run_in_executor(None, self.kafka.ensure_topics, self.settings,
-                                   [self.topics.members_spec()])
         follower = self._follower = Follower(self.topics, self.kafka.consumer(
             reader_config(self.settings, f"{self.member}-follower"), "follower"))
         # The definitions of the shards this process leads: assigned by hand, in the
@@ -104,6 +112,8 @@ class SchedulerService:
             self.settings, f"{self.member}-definitions", self.group,
             **{"enable.partition.eof": True, "fetch.wait.max.ms": END_FETCH_WAIT_MS}), "definitions")
         self.shards = await self._shard_count(definitions)
+        # Everything that writes the shard of a job counts as many shards as the topics hold.
+        self.topics = dataclasses.replace(self.topics, shards=self.shards)
         tasks = [asyncio.create_task(follower.run(stopping), name="scheduler-follower")]
         try:
             await self._warm_up(stopping)
@@ -163,11 +173,37 @@ class SchedulerService:
         return self.stores[shard]
 
     async def _shard_count(self, reader: ConsumerThread) -> int:
-        found = await settled(lambda: reader.partitions(self.topics.job_definitions),
-                              "partitions of job-definitions")
-        if not found:
-            raise RuntimeError(f"topic {self.topics.job_definitions} does not exist: run `cronstream init`")
-        return len(found)
+        """The clock's shards, as its topics hold them (they must agree: `cronstream init`)."""
+        t = self.topics
+        counts = {}
+        for topic in (t.job_definitions, t.scheduler_state, t.retries, t.scheduler_members):
+            found = await settled(partial(reader.partitions, topic), f"partitions of {topic}")
+            if not found:
+                raise RuntimeError(f"topic {topic} does not exist: run `cronstream init`")
+            counts[topic] = len(found)
+        shards = counts[t.job_definitions]
+        if counts[t.scheduler_state] != shards or counts[t.retries] != shards:
+            raise RuntimeError(f"{t.job_definitions}, {t.scheduler_state} and {t.retries} must have as many "
+                               f"partitions (one per shard of the clock); they have {shards}, "
+                               f"{counts[t.scheduler_state]} and {counts[t.retries]}")
+        return shards
+
+    async def _members_now(self) -> list[str]:
+        """The scheduler group's members, once its coordinator answers (a broker that starts
+        or moves the coordinator is waited out; a refused principal stops the service with
+        the reason)."""
+        def ask() -> Awaitable[list[str]]:
+            return asyncio.get_running_loop().run_in_executor(
+                None, self.kafka.group_members, self.settings, self.group)
+
+        try:
+            return await settled(ask, "members of the scheduler group")
+        except KafkaException as exc:
+            if not_authorized(kafka_error(exc)):
+                log(logger, "kafka_not_authorized", logging.ERROR, consumer="scheduler-membership",
+                    error=str(exc), hint=NOT_AUTHORIZED_HINT)
+                raise NotAuthorized(f"describing the scheduler group: {exc}: {NOT_AUTHORIZED_HINT}") from None
+            raise
 
     def _membership_config(self) -> dict[str, Any]:
         session = self.settings.scheduler_session_timeout_ms
@@ -194,9 +230,8 @@ class SchedulerService:
             if self._membership_changed.is_set() or time.monotonic() - last_asked > MEMBERSHIP_SECONDS:
                 self._membership_changed.clear()
                 last_asked = time.monotonic()
-                with contextlib.suppress(Exception):
-                    members = await asyncio.get_running_loop().run_in_executor(
-                        None, self.kafka.group_members, self.settings, self.group)
+                with contextlib.suppress(KafkaException):
+                    members = await self._members_now()
                     if sorted(members) != self._members:
                         self._members = sorted(members)
                         log(logger, "scheduler_members", members=",".join(self._members))
@@ -211,8 +246,7 @@ class SchedulerService:
     async def _warm_up(self, stopping: asyncio.Event) -> None:
         """Before joining: keep warm what this process will lead once it is a member, so
         that the shards it takes from others are taken over warm."""
-        members = await asyncio.get_running_loop().run_in_executor(
-            None, self.kafka.group_members, self.settings, self.group)
+        members = await self._members_now()
         leads, standby = self._roles([*members, self.member])
         if not members:
             return  # the first process: nobody to take over from, nothing to wait for
@@ -280,8 +314,13 @@ class SchedulerService:
             self._retry_after[shard] = time.monotonic() + wait
             log(logger, "leader_stepped_down", instance=self.instance, shard=shard,
                 reason="fenced" if leader.fenced else "failed")
-        self.health.set("takeover", all(leader.ready.is_set() for leader in self.leaders.values()),
-                        "taking over shards")
+        ready = all(leader.ready.is_set() for leader in self.leaders.values())
+        self.health.set("takeover", ready, "taking over shards")
+        roles = (frozenset(self.leaders), frozenset(self.standby))
+        if ready and self.member in self._members and roles != self._ready_roles:
+            self._ready_roles = roles
+            log(logger, "scheduler_ready", instance=self.instance, leads=len(self.leaders),
+                standby=len(self.standby), members=len(self._members))
 
     def _route(self, batch: Any) -> None:
         """The definitions batch, to the leader of each record's shard."""

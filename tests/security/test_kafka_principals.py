@@ -88,7 +88,7 @@ def start_each_as_itself(procs: Processes, broker: SaslBroker, settings: Setting
         "ui": procs.start("ui", extra_env={**broker.env("ui"), "CRONSTREAM_DATABASE_URL": reader,
                                            "CRONSTREAM_UI_TOKEN": UI_TOKEN}),
     }
-    started["scheduler"].wait_for_log("action=leader_ready")
+    started["scheduler"].wait_for_log("action=scheduler_ready")
     started["dispatcher"].wait_for_log("action=dispatcher_started")
     started["worker"].wait_for_log("action=partitions_assigned")
     started["monitor"].wait_for_log("action=partitions_assigned")

@@ -22,6 +22,7 @@ from cronstream.shared.clients import KafkaClients
 from cronstream.shared.inbound import DLQ_ERROR
 from cronstream.shared.producers import OutRecord, ProducerFenced
 from cronstream.shared.settings import Settings
+from cronstream.shared.shards import shard_of
 from tests.support import headers
 from tests.unit.bus import MemoryBus, MemoryConsumerThread, clients
 
@@ -112,6 +113,15 @@ async def feed_until_ready(s: Shard, leader: ShardLeader) -> None:
             await asyncio.sleep(0.001)
 
 
+def on_shard(name: str) -> str:
+    """A job id that starts with `name` and hashes to SHARD (murmur2: shared/shards.py)."""
+    return next(f"{name}-{i}" for i in range(1000) if shard_of(f"{name}-{i}", SETTINGS.scheduler_shards) == SHARD)
+
+
+DUE, POISON, LATER = on_shard("due-now"), on_shard("poison"), on_shard("later")
+MANY = [on_shard(f"j{i}") for i in range(51)]
+
+
 def one_time(job_id: str, at: datetime) -> bytes:
     return json.dumps({"job_id": job_id, "type": "ONE_TIME", "run_at": at.isoformat(),
                        "handler": "noop"}).encode()
@@ -125,11 +135,12 @@ def test_a_new_leader_fences_validates_the_unprocessed_dead_letters_poison_and_f
     async def scenario() -> None:
         bus, epochs = bus_of(), Epochs()
         now = datetime.now(UTC)
-        bus.append(T.job_definitions, b"due-now", one_time("due-now", now - timedelta(seconds=1)),
+        bus.append(T.job_definitions, DUE.encode(), one_time(DUE, now - timedelta(seconds=1)),
                    partition=SHARD)
-        bus.append(T.job_definitions, b"poison", b"\xff not json", partition=SHARD)
-        bus.append(T.job_definitions, b"later", one_time("later", now + timedelta(days=3650)),
+        bus.append(T.job_definitions, POISON.encode(), b"\xff not json", partition=SHARD)
+        bus.append(T.job_definitions, LATER.encode(), one_time(LATER, now + timedelta(days=3650)),
                    partition=SHARD)
+        stray = bus.append(T.job_definitions, b"elsewhere", one_time("elsewhere", now), partition=SHARD)
         s = await shard(bus, tmp_path, epochs)
         leader = s.leader()
         leader.start()
@@ -139,15 +150,19 @@ def test_a_new_leader_fences_validates_the_unprocessed_dead_letters_poison_and_f
             while not bus.records(T.job_due):
                 await asyncio.sleep(0.01)
         fired = bus.values(T.job_due)
-        assert [d["job_id"] for d in fired] == ["due-now"]
-        dead = bus.records(T.dead_letters)
-        assert len(dead) == 1 and dead[0].key() == b"poison"
-        assert "invalid JobDefinition" in headers(dead[0])[DLQ_ERROR]
-        assert bus.committed[(T.job_definitions, SHARD)] == 3, "every definition processed"
+        assert [d["job_id"] for d in fired] == [DUE]
+        dead = {m.key(): headers(m)[DLQ_ERROR] for m in bus.records(T.dead_letters)}
+        assert dead.keys() == {POISON.encode(), b"elsewhere"}
+        assert "invalid JobDefinition" in dead[POISON.encode()]
+        # A definition another partitioner put on this shard: two shards could hold its job.
+        assert stray.key() == b"elsewhere" and "murmur2" in dead[b"elsewhere"]
+        assert bus.committed[(T.job_definitions, SHARD)] == 4, "every definition processed"
         states = {m.key(): m.partition() for m in bus.records(T.scheduler_state)}
-        assert states.keys() >= {b"due-now", b"later"} and set(states.values()) == {SHARD}
+        # The poison one is suspended (a state without a next fire); the stray one is not its.
+        assert states.keys() == {DUE.encode(), POISON.encode(), LATER.encode()}
+        assert set(states.values()) == {SHARD}
         # The ten-years-ahead job waits on disk, not in memory.
-        assert "later" not in leader.clock.jobs and s.store.job("later") is not None
+        assert LATER not in leader.clock.jobs and s.store.job(LATER) is not None
         await leader.stop()
         await s.close()
 
@@ -175,8 +190,8 @@ def test_a_leader_fenced_by_a_newer_one_of_its_shard_stops_without_firing(tmp_pa
         old.start()
         await feed_until_ready(s, old)
         epochs.current[transactional_id("u.", SHARD)] += 1  # another process took the shard
-        bus.append(T.job_definitions, b"due-now",
-                   one_time("due-now", datetime.now(UTC) - timedelta(seconds=1)), partition=SHARD)
+        bus.append(T.job_definitions, DUE.encode(),
+                   one_time(DUE, datetime.now(UTC) - timedelta(seconds=1)), partition=SHARD)
         async with asyncio.timeout(10):
             while old.active:
                 batch = old.inbound.batch(await s.election.consume(100, 0))
@@ -192,17 +207,17 @@ def test_a_leader_fenced_by_a_newer_one_of_its_shard_stops_without_firing(tmp_pa
 def test_a_second_term_reads_only_what_came_after_the_first(tmp_path: Path) -> None:
     async def scenario() -> None:
         bus, epochs = bus_of(), Epochs()
-        for i in range(50):
-            bus.append(T.job_definitions, f"j{i}".encode(),
-                       one_time(f"j{i}", datetime.now(UTC) + timedelta(days=1)), partition=SHARD)
+        for job_id in MANY[:50]:
+            bus.append(T.job_definitions, job_id.encode(),
+                       one_time(job_id, datetime.now(UTC) + timedelta(days=1)), partition=SHARD)
         s = await shard(bus, tmp_path, epochs)
         first = s.leader()
         first.start()
         await feed_until_ready(s, first)
         await first.stop()
         states = len(bus.records(T.scheduler_state))
-        bus.append(T.job_definitions, b"j50", one_time("j50", datetime.now(UTC) + timedelta(days=1)),
-                   partition=SHARD)
+        bus.append(T.job_definitions, MANY[50].encode(),
+                   one_time(MANY[50], datetime.now(UTC) + timedelta(days=1)), partition=SHARD)
         s.follower.follow(SHARD, s.store, "taking_over")
         second = s.leader()
         second.start()
