@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def shards_led(scheduler: ServiceProcess) -> int | None:
     return int(float(found[1])) if status == 200 and found else None
 
 
+def leading(scheduler: ServiceProcess, shards: int) -> bool:
+    return shards_led(scheduler) == shards
+
+
+def ready(scheduler: ServiceProcess) -> bool:
+    return scheduler.get("/readyz")[0] == 200
+
+
 def numbers(row: Locator, cell: str) -> list[int]:
     return [int(n) for n in row.locator(f"td.{cell} .shard").all_inner_texts()]
 
@@ -63,9 +72,9 @@ def test_the_page_shows_which_scheduler_leads_and_keeps_warm_each_shard_and_foll
 
     # Ready: a member, and every shard it leads taken over — what its metrics then count.
     for name, proc in schedulers.items():
-        eventually(lambda proc=proc: proc.get("/readyz")[0] == 200, 90, 0.5, message=f"{name} ready")
-        eventually(lambda name=name, proc=proc: shards_led(proc) == len(expected[f"scheduler-{name}"].leads),
-                   60, 0.5, message=f"{name} leading its shards")
+        eventually(partial(ready, proc), 90, 0.5, message=f"{name} ready")
+        eventually(partial(leading, proc, len(expected[f"scheduler-{name}"].leads)), 60, 0.5,
+                   message=f"{name} leading its shards")
 
     login(page, dashboard, "bob")
     page.goto(dashboard.url("/schedulers"))
@@ -99,5 +108,5 @@ def test_the_page_shows_which_scheduler_leads_and_keeps_warm_each_shard_and_foll
                            for name, r in after.items()}
     expect(page.locator("table.shard-roles tr.unled")).to_have_count(0)
     for name in ("s1", "s2"):
-        eventually(lambda name=name: shards_led(schedulers[name]) == len(after[f"scheduler-{name}"].leads),
-                   60, 0.5, message=f"{name} took over its share of s3's shards")
+        eventually(partial(leading, schedulers[name], len(after[f"scheduler-{name}"].leads)), 60, 0.5,
+                   message=f"{name} took over its share of s3's shards")

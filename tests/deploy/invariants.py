@@ -366,7 +366,8 @@ def _scheduler_shards(container: Container) -> list[str]:
     env = container.env(lambda _name, _key: "", workload.pod_name())
     data_dir = env.get("CRONSTREAM_SCHEDULER_DATA_DIR")
     mount = _mount_of(container, data_dir) if data_dir else None
-    volume = next((v for v in workload.pod.get("volumes", []) if mount and v["name"] == mount["name"]), {})
+    volume: dict[str, Any] = next((v for v in workload.pod.get("volumes", [])
+                                   if mount and v["name"] == mount["name"]), {})
     if not data_dir:
         problems.append(f"{container}: CRONSTREAM_SCHEDULER_DATA_DIR is not set (the shards' stores "
                         "would go to a default under /tmp, sized for temporary files)")

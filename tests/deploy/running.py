@@ -340,6 +340,23 @@ def check_schedulers(settings: Settings, schedulers: list[Pod]) -> None:
         assert set(row["leads"]) | set(row["standby"]) <= kept, (pod.pod_name, sorted(kept), row)
 
 
+def start_ready(cluster: Cluster, services: list[Workload]) -> tuple[dict[str, Pod], list[Pod]]:
+    """A pod of each service (by workload name), and the schedulers: as many as the
+    Deployment's replicas, each a pod of its own name (the downward API), sharing the
+    shards. Every one alive, then ready, on its own probes."""
+    pods = {w.name: cluster.start(w) for w in services}
+    first = pods["cronstream-scheduler"]
+    schedulers = [first, *(cluster.start(first.container.workload, i)
+                           for i in range(1, first.container.workload.replicas or 1))]
+    for pod in [*pods.values(), *schedulers[1:]]:
+        probes = pod.container.probes()
+        wait_probe(pod, "startupProbe" if "startupProbe" in probes else "livenessProbe")
+        wait_probe(pod, "livenessProbe")
+    for pod in [*pods.values(), *schedulers[1:]]:
+        wait_probe(pod, "readinessProbe")
+    return pods, schedulers
+
+
 def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher: Launcher) -> None:
     """Init, then every service and the UI ready on their own probes (the schedulers as
     many as their replicas, sharing the shards), /metrics where each Service points, a
@@ -389,18 +406,7 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
                                    "WHERE table_name = 'job_executions'")
         assert tables[0]["n"] == 1, "init did not apply the migrations"
 
-        pods = {w.name: cluster.start(w) for w in services}
-        # The clock runs as many schedulers as the Deployment's replicas: each a pod of
-        # its own name (the downward API), sharing the shards with the others.
-        first = pods["cronstream-scheduler"]
-        schedulers = [first, *(cluster.start(first.container.workload, i)
-                               for i in range(1, first.container.workload.replicas or 1))]
-        for pod in [*pods.values(), *schedulers[1:]]:
-            probes = pod.container.probes()
-            wait_probe(pod, "startupProbe" if "startupProbe" in probes else "livenessProbe")
-            wait_probe(pod, "livenessProbe")
-        for pod in [*pods.values(), *schedulers[1:]]:
-            wait_probe(pod, "readinessProbe")
+        pods, schedulers = start_ready(cluster, services)
 
         # What Prometheus scrapes: /metrics on the port each Service targets (the UI's with
         # its scrape token: its reads are protected).

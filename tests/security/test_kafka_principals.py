@@ -125,7 +125,8 @@ def ready(service: ServiceProcess) -> bool:
 
 
 def coordinator_loaded(broker: SaslBroker, group: str) -> bool:
-    admin = AdminClient(broker.client_config("admin"))
+    config: dict[str, str | int | float | bool] = {**broker.client_config("admin")}
+    admin = AdminClient(config)
     try:
         admin.describe_consumer_groups([group], request_timeout=10)[group].result(15)
     except KafkaException:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
+from cronstream.errors import UnavailableError
 from cronstream.services.scheduler.clock import Clock
 from cronstream.shared.records import JobDefinition
 from cronstream.shared.schedule import from_epoch_ms, to_epoch_ms
-from cronstream.errors import UnavailableError
 from cronstream.ui import graph, views
 from cronstream.ui.app import template_env
 from cronstream.ui.auth import CSRF_COOKIE, SESSION_COOKIE, Auth
@@ -241,7 +241,7 @@ def test_a_read_kafka_does_not_answer_is_waited_for_not_started_again(monkeypatc
     roles = SchedulerRoles(reads, clock=lambda: now[0])
 
     async def scenario() -> None:
-        with pytest.raises(SchedulersUnavailable, match="did not answer within 0.2 s"):
+        with pytest.raises(SchedulersUnavailable, match=r"did not answer within 0\.2 s"):
             await roles.get()
         now[0] += CACHE_SECONDS
         with pytest.raises(SchedulersUnavailable):
