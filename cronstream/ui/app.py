@@ -1,6 +1,7 @@
 """The dashboard's Starlette application: routes, security headers, rendering.
 
-Pages are read-only views of the projection (`views.py` builds what they show);
+Pages are read-only views of the projection (`views.py` builds what they show; the
+Schedulers page, of the scheduler group on Kafka: `schedulers.py`);
 state-changing requests are POSTs that need an identity and, for ambient credentials,
 a CSRF token (`auth.py`), and publish through `actions.py`.
 

@@ -1,4 +1,5 @@
-"""What each page shows: reads through `Store`, shaped for the templates.
+"""What each page shows: reads through `Store` (the Schedulers page: `SchedulerRoles`, on
+Kafka), shaped for the templates.
 
 Every read is bounded (a page size, a LIMIT in SQL) and index-backed; parameters are
 validated here and a bad one raises ValueError naming it (a 400 for the user).
