@@ -132,6 +132,10 @@ SCHEDULER_PENDING_RETRIES = Gauge(
     "cronstream_scheduler_pending_retries", "Retry timers pending in the shards this scheduler leads.",
     registry=None
 )
+SCHEDULER_SHARDS = Gauge(
+    "cronstream_scheduler_shards",
+    "Shards of the clock: the partitions of job-definitions, as this scheduler counted them.",
+    registry=None)
 SCHEDULER_SHARDS_LED = Gauge(
     "cronstream_scheduler_shards_led", "Shards of the clock this scheduler leads (taken over).",
     registry=None)
@@ -321,6 +325,7 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         SCHEDULER_JOBS,
         SCHEDULER_SUSPENDED,
         SCHEDULER_PENDING_RETRIES,
+        SCHEDULER_SHARDS,
         SCHEDULER_SHARDS_LED,
         SCHEDULER_SHARDS_STANDBY,
         SCHEDULER_STANDBY_LAG,

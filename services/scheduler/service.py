@@ -339,6 +339,9 @@ class SchedulerService:
         while not stopping.is_set():
             assert self._follower is not None
             led = [leader for leader in self.leaders.values() if leader.ready.is_set()]
+            # Every scheduler says how many shards there are, so that an alert compares
+            # the shards led, summed over the schedulers, with it (deploy/prometheus).
+            metrics.SCHEDULER_SHARDS.set(self.shards)
             metrics.SCHEDULER_SHARDS_LED.set(len(led))
             metrics.SCHEDULER_SHARDS_STANDBY.set(len(self.standby))
             metrics.SCHEDULER_LEADER.set(1 if led else 0)
