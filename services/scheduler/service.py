@@ -319,6 +319,7 @@ class SchedulerService:
         roles = (frozenset(self.leaders), frozenset(self.standby))
         if ready and self.member in self._members and roles != self._ready_roles:
             self._ready_roles = roles
+            self._publish_metrics()
             log(logger, "scheduler_ready", instance=self.instance, leads=len(self.leaders),
                 standby=len(self.standby), members=len(self._members))
 
@@ -337,19 +338,24 @@ class SchedulerService:
 
     async def _report(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            assert self._follower is not None
-            led = [leader for leader in self.leaders.values() if leader.ready.is_set()]
-            # Every scheduler says how many shards there are, so that an alert compares
-            # the shards led, summed over the schedulers, with it (deploy/prometheus).
-            metrics.SCHEDULER_SHARDS.set(self.shards)
-            metrics.SCHEDULER_SHARDS_LED.set(len(led))
-            metrics.SCHEDULER_SHARDS_STANDBY.set(len(self.standby))
-            metrics.SCHEDULER_LEADER.set(1 if led else 0)
-            metrics.SCHEDULER_JOBS.set(sum(leader.store.count() for leader in led))
-            metrics.SCHEDULER_PENDING_RETRIES.set(sum(leader.store.retry_count() for leader in led))
-            metrics.SCHEDULER_SUSPENDED.set(sum(len(leader.clock.suspended) for leader in led))
-            metrics.SCHEDULER_HELD.set(sum(leader.jobs for leader in led))
-            metrics.SCHEDULER_STANDBY_LAG.set(self._follower.lag())
+            self._publish_metrics()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), METRICS_SECONDS)
+
+    def _publish_metrics(self) -> None:
+        """The gauges, every few seconds and at once when the roles settle (a scrape right
+        after `scheduler_ready` sees the shards led)."""
+        assert self._follower is not None
+        led = [leader for leader in self.leaders.values() if leader.ready.is_set()]
+        # Every scheduler says how many shards there are, so that an alert compares
+        # the shards led, summed over the schedulers, with it (deploy/prometheus).
+        metrics.SCHEDULER_SHARDS.set(self.shards)
+        metrics.SCHEDULER_SHARDS_LED.set(len(led))
+        metrics.SCHEDULER_SHARDS_STANDBY.set(len(self.standby))
+        metrics.SCHEDULER_LEADER.set(1 if led else 0)
+        metrics.SCHEDULER_JOBS.set(sum(leader.store.count() for leader in led))
+        metrics.SCHEDULER_PENDING_RETRIES.set(sum(leader.store.retry_count() for leader in led))
+        metrics.SCHEDULER_SUSPENDED.set(sum(len(leader.clock.suspended) for leader in led))
+        metrics.SCHEDULER_HELD.set(sum(leader.jobs for leader in led))
+        metrics.SCHEDULER_STANDBY_LAG.set(self._follower.lag())
 
