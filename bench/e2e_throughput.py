@@ -198,7 +198,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
                 "worker", "--worker-id", f"bench-w{i}", "--concurrency", str(concurrency),
                 "--import", "bench.handlers", name=f"worker-{i}",
                 env={**env, "PYTHONPATH": os.getcwd()})
-        procs["scheduler"].wait_for_log("action=leader_ready")
+        procs["scheduler"].wait_for_log("action=scheduler_ready")
         for name, proc in procs.items():
             if name != "scheduler":
                 proc.wait_for_log("action=partitions_assigned")

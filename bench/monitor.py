@@ -111,7 +111,7 @@ def catch_up() -> dict[str, Any]:
         scheduler = system.start("scheduler", name="scheduler")
         workers = [system.start("worker", "--worker-id", f"w{i}", "--concurrency", "32",
                                 name=f"worker-{i}") for i in range(2)]
-        scheduler.wait_for_log("action=leader_ready")
+        scheduler.wait_for_log("action=scheduler_ready")
         for proc in (monitor, dispatcher, *workers):
             proc.wait_for_log("action=partitions_assigned")
         base = datetime(2026, 1, 1, tzinfo=UTC)

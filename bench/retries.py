@@ -37,7 +37,7 @@ def spread() -> dict[str, Any]:
         scheduler = system.start("scheduler", name="scheduler")
         system.start("dispatcher", name="dispatcher")
         worker = system.start("worker", "--worker-id", "w0", "--concurrency", "64", name="worker")
-        scheduler.wait_for_log("action=leader_ready")
+        scheduler.wait_for_log("action=scheduler_ready")
         worker.wait_for_log("action=partitions_assigned")
         run_at = (datetime.now(UTC) + timedelta(seconds=10)).isoformat()
         items = [(f"fail-{i:04d}", {"job_id": f"fail-{i:04d}", "type": "ONE_TIME", "run_at": run_at,

@@ -38,7 +38,8 @@ from tests.support import ServiceProcess, eventually
 
 
 def publisher(settings: Settings) -> Producer:
-    return Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+    # murmur2: a definition's partition is its job's shard (shared/shards.py).
+    return Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "partitioner": "murmur2_random",
                      "enable.idempotence": True, "linger.ms": 20, "batch.size": 1_000_000,
                      "compression.type": "lz4", "queue.buffering.max.messages": 2_000_000})
 
@@ -108,7 +109,7 @@ def fire_lag() -> dict[str, Any]:
     try:
         scheduler = system.start("scheduler", name="scheduler",
                                  env={"CRONSTREAM_SCHEDULER_FIRE_AHEAD_MS": ahead})
-        scheduler.wait_for_log("action=leader_ready")
+        scheduler.wait_for_log("action=scheduler_ready")
         base = datetime(2026, 1, 1, tzinfo=UTC)
         items = [(f"lag-{i:05d}", {"job_id": f"lag-{i:05d}", "type": "INTERVAL", "interval_seconds": 1,
                                    "start_at": (base + timedelta(milliseconds=i * 1000 // jobs)).isoformat(),
@@ -133,7 +134,7 @@ def burst() -> dict[str, Any]:
     try:
         scheduler = system.start("scheduler", name="scheduler")
         system.start("dispatcher", name="dispatcher").wait_for_log("action=dispatcher_started")
-        scheduler.wait_for_log("action=leader_ready")
+        scheduler.wait_for_log("action=scheduler_ready")
         due = (datetime.now(UTC) + timedelta(seconds=25)).replace(microsecond=0)
         items = [(f"burst-{i:05d}", {"job_id": f"burst-{i:05d}", "type": "ONE_TIME",
                                      "run_at": due.isoformat(), "handler": "noop"}) for i in range(jobs)]
@@ -156,7 +157,7 @@ def takeover() -> dict[str, Any]:
     system = BenchSystem("takeover", partitions=3)
     try:
         first = system.start("scheduler", "--instance-id", "first", name="scheduler-first")
-        first.wait_for_log("action=leader_ready")
+        first.wait_for_log("action=scheduler_ready")
         started = time.monotonic()
         producer = publisher(system.settings)
         batch = 50_000

@@ -56,6 +56,7 @@ from cronstream.errors import (
     UnavailableError,
 )
 from cronstream.executions import Execution, LogEntry
+from cronstream.shared.clients import resolved_topics
 from cronstream.shared.codec import MAX_RECORD_BYTES, describe
 from cronstream.shared.db import query
 from cronstream.shared.kafka.config import producer_config, reader_config
@@ -186,7 +187,9 @@ class AsyncClient:
         await self._check_topics([topic])
         reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
         try:
-            await asyncio.wait_for(read_to_end(reader, [TopicPartition(topic, 0)], keep),
+            # Every shard of the clock: a job's definitions are all on its own partition.
+            shards = await asyncio.wait_for(reader.partitions(topic), self.timeout) or [0]
+            await asyncio.wait_for(read_to_end(reader, [TopicPartition(topic, p) for p in shards], keep),
                                    self.timeout * 6)
         except (KafkaException, TimeoutError) as exc:
             raise UnavailableError(f"cannot read {topic} from Kafka at "
@@ -295,7 +298,7 @@ class AsyncClient:
         deterministic: `shared/retry.retry_execution_id`). The timer is dropped at once (a
         tombstone on `retries`, before the scheduler can fire it) and the CANCEL command lets
         the monitor record that attempt CANCELLED — or its worker skip it, had it fired."""
-        await self.cancel_retry(retry_execution_id)
+        await self.cancel_retry(retry_execution_id, job_id)
         return await self.cancel(retry_execution_id, reason, issued_by=issued_by, job_id=job_id)
 
     async def approve(self, execution_id: UUID, reason: str | None = None,
@@ -308,10 +311,12 @@ class AsyncClient:
         """Skip a DAG step waiting in AWAITING_APPROVAL (SKIPPED)."""
         return await self.command("REJECT", execution_id, reason, issued_by=issued_by)
 
-    async def cancel_retry(self, retry_execution_id: UUID) -> None:
-        """Drop a pending retry timer (a tombstone on `retries`)."""
-        await self._send([OutRecord(self.topics.retries, str(retry_execution_id).encode(), None,
-                                    new_headers())])
+    async def cancel_retry(self, retry_execution_id: UUID, job_id: str) -> None:
+        """Drop a pending retry timer of `job_id` (a tombstone on `retries`, on the job's
+        shard)."""
+        topics = await resolved_topics(self.settings)
+        await self._send([OutRecord(topics.retries, str(retry_execution_id).encode(), None,
+                                    new_headers(), topics.shard(job_id))])
 
     async def runs(self, job_id: str | None = None, *, status: str | None = None,
                    limit: int = 20) -> builtins.list[Execution]:
@@ -602,8 +607,8 @@ class Client:
                issued_by: str | None = None) -> Command:
         return self._run(self._async.reject(execution_id, reason, issued_by))
 
-    def cancel_retry(self, retry_execution_id: UUID) -> None:
-        self._run(self._async.cancel_retry(retry_execution_id))
+    def cancel_retry(self, retry_execution_id: UUID, job_id: str) -> None:
+        self._run(self._async.cancel_retry(retry_execution_id, job_id))
 
     def runs(self, job_id: str | None = None, *, status: str | None = None,
              limit: int = 20) -> builtins.list[Execution]:

@@ -283,6 +283,8 @@ def _setting_default(name: str) -> str:
     if field.default_factory is not None:
         if getattr(field.default_factory, "__name__", "") == "default_worker_id":
             return "hostname-pid"
+        if getattr(field.default_factory, "__name__", "") == "default_scheduler_data_dir":
+            return code("$TMPDIR/cronstream-<uid>/scheduler")
         value = field.default_factory()  # type: ignore[call-arg]
         return ", ".join(code(v) for v in value) if value else "none"
     return "unset" if field.default is None else _default(field.default)

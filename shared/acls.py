@@ -16,7 +16,8 @@ cannot write `execution-events`, a worker cannot write `job-definitions`.
 
 Resources are named with the topic prefix: topics literally (`cronstream.job-due`), the
 work topics by prefix (`cronstream.work.`), groups literally, transactional ids of
-instances by prefix (`cronstream.worker-`). Kafka implies DESCRIBE from READ and WRITE.
+instances and shards by prefix (`cronstream.worker-`, `cronstream.scheduler-shard-`).
+Kafka implies DESCRIBE from READ and WRITE.
 Readers of compacted state assign partitions under the group `<prefix>reader-unused`,
 which they never join: librdkafka still looks its coordinator up (DESCRIBE).
 """
@@ -56,11 +57,14 @@ class Footprint:
 _EVERY_CONSUMER = (READER_GROUP,)
 
 FOOTPRINTS: dict[str, Footprint] = {
+    # Every process joins the group `scheduler` on `scheduler-members` (who is alive) and
+    # lists its members (describe_consumer_groups: DESCRIBE, implied by READ); each shard
+    # it leads commits through the shard's own transactional id, `scheduler-shard-<n>`.
     "scheduler": Footprint(
-        reads=("job-definitions", "scheduler-state", "retries"),
+        reads=("job-definitions", "scheduler-state", "retries", "scheduler-members"),
         writes=("job-due", "scheduler-state", "retries", "alerts", "dead-letters"),
         groups=("scheduler",), describes_groups=_EVERY_CONSUMER,
-        transactional_ids=(("scheduler-leader", "LITERAL"),)),
+        transactional_ids=(("scheduler-shard-", "PREFIXED"),)),
     "dispatcher": Footprint(
         reads=("job-due", "execution-events", "dispatcher-state"),
         writes=("execution-events", "commands", "dispatcher-state", "dead-letters"),
@@ -83,14 +87,16 @@ FOOTPRINTS: dict[str, Footprint] = {
         reads=("execution-events", "job-definitions", "scheduler-state", "alerts"),
         writes=("alerts",),
         work=("DESCRIBE",), describes_groups=(*_EVERY_CONSUMER, "workers")),
+    # The Schedulers page and `cronstream schedulers` list the scheduler group's members
+    # and count the partitions of job-definitions (its shards): DESCRIBE only, never a join.
     "ui": Footprint(
         reads=("job-definitions",),
         writes=("job-definitions", "job-due", "commands"),
-        describes_groups=_EVERY_CONSUMER),
+        describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     "cli": Footprint(
         reads=("job-definitions", "execution-events"),
         writes=("job-definitions", "job-due", "commands", "retries"),
-        describes_groups=_EVERY_CONSUMER),
+        describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     # KEDA's lag trigger: the workers group's offsets and the work topics' ends.
     "keda": Footprint(work=("DESCRIBE",), describes_groups=("workers",)),
     "init": Footprint(creates_topics=True),

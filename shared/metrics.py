@@ -118,17 +118,37 @@ TASK_RESTARTS = Counter(
 # -- scheduler ----------------------------------------------------------------------------
 
 SCHEDULER_LEADER = Gauge(
-    "cronstream_scheduler_leader", "1 while this scheduler leads, else 0.", registry=None
+    "cronstream_scheduler_leader", "1 while this scheduler leads a shard or more, else 0.",
+    registry=None
 )
-SCHEDULER_JOBS = Gauge("cronstream_scheduler_jobs", "Job definitions held by the leader.", registry=None)
+SCHEDULER_JOBS = Gauge("cronstream_scheduler_jobs", "Jobs in the shards this scheduler leads.",
+                       registry=None)
 SCHEDULER_SUSPENDED = Gauge(
     "cronstream_scheduler_suspended_jobs",
-    "Jobs the leader suspended because they cannot be computed.",
+    "Jobs of the shards it leads this scheduler suspended: they cannot be computed.",
     registry=None,
 )
 SCHEDULER_PENDING_RETRIES = Gauge(
-    "cronstream_scheduler_pending_retries", "Retry timers waiting in the leader.", registry=None
+    "cronstream_scheduler_pending_retries", "Retry timers pending in the shards this scheduler leads.",
+    registry=None
 )
+SCHEDULER_SHARDS = Gauge(
+    "cronstream_scheduler_shards",
+    "Shards of the clock: the partitions of job-definitions, as this scheduler counted them.",
+    registry=None)
+SCHEDULER_SHARDS_LED = Gauge(
+    "cronstream_scheduler_shards_led", "Shards of the clock this scheduler leads (taken over).",
+    registry=None)
+SCHEDULER_SHARDS_STANDBY = Gauge(
+    "cronstream_scheduler_shards_standby", "Shards this scheduler keeps warm for another's lead.",
+    registry=None)
+SCHEDULER_STANDBY_LAG = Gauge(
+    "cronstream_scheduler_standby_lag_records",
+    "Records of the shards this scheduler stands by for that it has not applied yet.", registry=None)
+SCHEDULER_HELD = Gauge(
+    "cronstream_scheduler_held_jobs",
+    "Jobs due soon, held in memory by the shards this scheduler leads (the near window).",
+    registry=None)
 FIRES = Counter(
     "cronstream_scheduler_fires", "JobDue records committed by the scheduler.", ["reason"], registry=None
 )
@@ -305,6 +325,11 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         SCHEDULER_JOBS,
         SCHEDULER_SUSPENDED,
         SCHEDULER_PENDING_RETRIES,
+        SCHEDULER_SHARDS,
+        SCHEDULER_SHARDS_LED,
+        SCHEDULER_SHARDS_STANDBY,
+        SCHEDULER_STANDBY_LAG,
+        SCHEDULER_HELD,
         FIRES,
         MISFIRES,
         FIRE_LAG,

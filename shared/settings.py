@@ -14,6 +14,7 @@ import ipaddress
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -88,6 +89,10 @@ def from_text(name: str, raw: str) -> Any:
     return raw.split("\n") if name in LINE_LIST_SETTINGS else raw
 
 
+def default_scheduler_data_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"cronstream-{os.getuid()}", "scheduler")
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -127,6 +132,13 @@ class Settings(BaseModel):
     # registered (services/worker/shell.py).
     worker_allow_shell: list[str] = Field(default_factory=list)
     scheduler_session_timeout_ms: Annotated[int, Field(ge=1000, le=300_000)] = 6_000
+    # Shards of the clock: the partitions `init` gives job-definitions, scheduler-state and
+    # retries (fixed once the topics exist: services read the count from them).
+    scheduler_shards: Annotated[int, Field(ge=1, le=1024)] = 16
+    # Warm standbys of every shard, on other scheduler processes (as many as there are).
+    scheduler_standbys: Annotated[int, Field(ge=0, le=8)] = 1
+    # Where a scheduler keeps its shards' stores (a cache of Kafka: losing it costs a read).
+    scheduler_data_dir: str = Field(default_factory=default_scheduler_data_dir)
     # The leader commits the fires of ALLOW jobs up to this long before they are due, and
     # the workers start them at their scheduled_at, never before: the hops in between no
     # longer add to the start lag (docs/decisions/0027). 0: fire when due.
@@ -215,7 +227,7 @@ class Settings(BaseModel):
 
     @property
     def topics(self) -> Topics:
-        return Topics(self.topic_prefix, self.topic_partitions)
+        return Topics(self.topic_prefix, self.topic_partitions, self.scheduler_shards)
 
     @classmethod
     def from_env(

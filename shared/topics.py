@@ -6,20 +6,26 @@ the queues they use, with the same settings.
 
 | topic              | partitions | cleanup        | key                          |
 |--------------------|-----------:|----------------|------------------------------|
-| job-definitions    | 1          | compact        | job_id                       |
+| job-definitions    | S          | compact        | job_id                       |
 | job-due            | P          | delete 7 d     | job_id                       |
 | execution-events   | P          | delete 7 d     | job_id                       |
 | execution-logs     | P          | delete 7 d     | execution_id                 |
 | heartbeats         | 1          | delete 1 h     | worker_id                    |
-| retries            | 1          | compact        | execution_id of next attempt |
+| retries            | S          | compact        | execution_id of next attempt |
 | dead-letters       | 1          | delete 14 d    | original key                 |
-| scheduler-state    | 1          | compact        | job_id                       |
+| scheduler-state    | S          | compact        | job_id                       |
+| scheduler-members  | 1          | delete 1 h     | (nothing: a group's topic)   |
 | dispatcher-state   | P          | compact        | job_id (partition of the job)|
 | commands           | 1          | delete 1 d     | execution_id                 |
 | alerts             | 1          | delete 14 d    | job_id                       |
 | work.<tier>.<queue>| P          | delete 7 d     | job_id                       |
 
-P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6). `job-due`, `execution-events` and
+P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6); S the shards of the clock,
+`CRONSTREAM_SCHEDULER_SHARDS` (default 16), fixed once `job-definitions` exists: a job's
+shard is the partition its job_id hashes to (shared/shards.py), and its state and pending
+retries are written to the same partition of `scheduler-state` and `retries`, whoever
+writes them. `scheduler-members` holds no record: the scheduler group's members join on
+it (services/scheduler/service.py). `job-due`, `execution-events` and
 `dispatcher-state` must have the same count: the dispatcher relies on partition i of
 each holding the same jobs. Every cronstream producer uses the Java client's partitioner
 (murmur2); other producers of `job-due` must too.
@@ -30,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cronstream.shared.records import PRIORITIES
+from cronstream.shared.shards import shard_of
 
 _DAY_MS = 86_400_000
 _COMPACT = {
@@ -52,6 +59,7 @@ class TopicSpec:
 class Topics:
     prefix: str = "cronstream."
     partitions: int = 6
+    shards: int = 16
 
     @property
     def job_definitions(self) -> str:
@@ -86,6 +94,13 @@ class Topics:
         return f"{self.prefix}scheduler-state"
 
     @property
+    def scheduler_members(self) -> str:
+        return f"{self.prefix}scheduler-members"
+
+    def members_spec(self) -> TopicSpec:
+        return TopicSpec(self.scheduler_members, 1, {"retention.ms": str(3_600_000)})
+
+    @property
     def dispatcher_state(self) -> str:
         return f"{self.prefix}dispatcher-state"
 
@@ -102,6 +117,11 @@ class Topics:
         (schemas/asyncapi.yaml, docs/consuming-events.md)."""
         return [self.job_definitions, self.execution_events, self.alerts, self.dead_letters]
 
+    def shard(self, job_id: str) -> int:
+        """The partition of `scheduler-state` and `retries` that holds what the clock keeps
+        for `job_id`: its shard (shared/shards.py)."""
+        return shard_of(job_id, self.shards)
+
     def logical(self, topic: str) -> str:
         """A topic's name without the prefix (a bounded metric label)."""
         return topic[len(self.prefix):] if topic.startswith(self.prefix) else "other"
@@ -117,14 +137,15 @@ class Topics:
         p = self.partitions
         week = {"retention.ms": str(7 * _DAY_MS)}
         return [
-            TopicSpec(self.job_definitions, 1, dict(_COMPACT)),
+            TopicSpec(self.job_definitions, self.shards, dict(_COMPACT)),
             TopicSpec(self.job_due, p, week),
             TopicSpec(self.execution_events, p, week),
             TopicSpec(self.execution_logs, p, week),
             TopicSpec(self.heartbeats, 1, {"retention.ms": str(3_600_000)}),
-            TopicSpec(self.retries, 1, dict(_COMPACT)),
+            TopicSpec(self.retries, self.shards, dict(_COMPACT)),
             TopicSpec(self.dead_letters, 1, {"retention.ms": str(14 * _DAY_MS)}),
-            TopicSpec(self.scheduler_state, 1, dict(_COMPACT)),
+            TopicSpec(self.scheduler_state, self.shards, dict(_COMPACT)),
+            self.members_spec(),
             TopicSpec(self.dispatcher_state, p, dict(_COMPACT)),
             TopicSpec(self.commands, 1, {"retention.ms": str(_DAY_MS)}),
             TopicSpec(self.alerts, 1, {"retention.ms": str(14 * _DAY_MS)}),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,9 +168,13 @@ def settings(servers: tuple[str, str], database_url: str) -> Iterator[Settings]:
         worker_dead_after_seconds=5,
         scheduler_session_timeout_ms=3000,
         worker_drain_grace_seconds=10,
+        # Two shards: every test runs the sharded clock (tests of one shard say so).
+        scheduler_shards=2,
+        scheduler_data_dir=SCHEDULER_DATA_DIR,
     )
     yield made
     delete_topics(made)
+    shutil.rmtree(Path(SCHEDULER_DATA_DIR) / made.topic_prefix.rstrip("."), ignore_errors=True)
 
 
 @pytest.fixture
@@ -176,6 +182,10 @@ def topics(settings: Settings) -> Settings:
     """The settings, with every topic of their prefix created."""
     ensure_topics(settings, settings.topics.specs())
     return settings
+
+
+# The shards' stores of the schedulers tests start (one folder per topic prefix).
+SCHEDULER_DATA_DIR = os.path.join(tempfile.gettempdir(), f"cronstream-test-{os.getuid()}", "scheduler")
 
 
 class Processes:
@@ -211,7 +221,7 @@ class Processes:
         }
         for i in range(1, workers + 1):
             procs[f"worker-{i}"] = self.worker(f"w{i}", *worker_args, wait=False)
-        procs["scheduler"].wait_for_log("action=leader_ready")
+        procs["scheduler"].wait_for_log("action=scheduler_ready")
         procs["dispatcher"].wait_for_log("action=dispatcher_started")
         for i in range(1, workers + 1):
             procs[f"worker-{i}"].wait_for_log("action=partitions_assigned")

@@ -70,6 +70,8 @@ def env_for(settings: Settings) -> dict[str, str]:
         "CRONSTREAM_HEARTBEAT_INTERVAL_SECONDS": str(settings.heartbeat_interval_seconds),
         "CRONSTREAM_WORKER_DEAD_AFTER_SECONDS": str(settings.worker_dead_after_seconds),
         "CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS": str(settings.scheduler_session_timeout_ms),
+        "CRONSTREAM_SCHEDULER_SHARDS": str(settings.scheduler_shards),
+        "CRONSTREAM_SCHEDULER_DATA_DIR": settings.scheduler_data_dir,
         "CRONSTREAM_WORKER_DRAIN_GRACE_SECONDS": str(settings.worker_drain_grace_seconds),
         "CRONSTREAM_LOG_LEVEL": "INFO",
         # Any free port: tests run many services side by side (ServiceProcess.http_port).
@@ -210,8 +212,10 @@ def projection_equals_log(settings: Settings) -> bool:
 def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,
             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
     """Publish one record as any plain Kafka client would."""
+    # The Java client's partitioner, as every producer of definitions must use (a job's
+    # shard is the partition murmur2 gives its job_id: shared/shards.py).
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True})
+                         "enable.idempotence": True, "partitioner": "murmur2_random"})
     producer.produce(topic, value, key, headers=headers)
     assert producer.flush(30) == 0
 

@@ -18,6 +18,7 @@ from cronstream.cli import (
     kafka_acls_cmd,
     logs_cmd,
     prune_cmd,
+    schedulers_cmd,
     service_cmds,
     ui_cmd,
     view_cmds,
@@ -35,7 +36,7 @@ from cronstream.cli.output import emit
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "diff",
     "get", "history", "jobs", "kafka-acls", "logs", "pause", "preview", "reject", "resume", "runs",
-    "tail", "trigger", "workers"})
+    "schedulers", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,7 +95,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, history_cmds, logs_cmd,
-               completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd):
+               completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd, schedulers_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

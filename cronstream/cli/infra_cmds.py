@@ -13,8 +13,9 @@ from cronstream.cli.output import emit
 from cronstream.infra import Infra
 from cronstream.shared import db_roles
 from cronstream.shared.db import apply_migrations, connect
-from cronstream.shared.kafka.admin import ensure_topics
+from cronstream.shared.kafka.admin import ensure_topics, partition_counts
 from cronstream.shared.settings import Settings
+from cronstream.shared.topics import Topics
 
 
 @click.group()
@@ -59,10 +60,29 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
     """Topics and migrations; with `roles` (role -> password, maybe empty), first the
     roles of least privilege, and the migrations as their owner (shared/db_roles.py)."""
     if topics:
-        created = ensure_topics(settings, settings.topics.specs())
+        t = settings.topics
+        clock_topics = [t.job_definitions, t.scheduler_state, t.retries]
+        existing = partition_counts(settings, clock_topics)
+        # The clock's shards are the partitions job-definitions has: a job's shard is fixed
+        # by them (shared/shards.py), so init never changes them, and creates the state and
+        # retries topics to match.
+        shards = existing.get(t.job_definitions, settings.scheduler_shards)
+        created = ensure_topics(settings, Topics(t.prefix, t.partitions, shards).specs())
         if echo:
             emit(f"topics: {len(created)} created" + (f" ({', '.join(created)})" if created
                                                             else ", all present"))
+            if t.job_definitions in existing and shards != settings.scheduler_shards:
+                emit(f"scheduler shards: {shards}, as {t.job_definitions} has {shards} partition(s); "
+                     f"not {settings.scheduler_shards}: a job's shard never changes once the "
+                     "topics exist (a new deployment, with new topics, takes another count)")
+            else:
+                emit(f"scheduler shards: {shards}")
+        counts = partition_counts(settings, clock_topics)
+        if len(set(counts.values())) > 1:
+            raise click.ClickException(
+                "the clock's topics disagree on their partitions ("
+                + ", ".join(f"{name}: {n}" for name, n in counts.items())
+                + "): they must have as many as job-definitions; recreate the smaller ones")
 
     async def migrate() -> list[str]:
         conn = await connect(settings.database_url)
@@ -89,6 +109,10 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
               help="Replication factor of new topics (default: the broker's; 3 in production).")
 @click.option("--min-insync-replicas", type=click.IntRange(1, 32),
               help="min.insync.replicas of new topics (default: the broker's; 2 in production).")
+@click.option("--scheduler-shards", type=click.IntRange(1, 1024),
+              help="Shards of the clock, for new topics: the partitions of job-definitions, "
+                   "scheduler-state and retries (default 16) [CRONSTREAM_SCHEDULER_SHARDS]. Fixed "
+                   "once the topics exist.")
 @click.option("--roles", is_flag=True,
               help="First create the PostgreSQL roles cronstream_owner, cronstream_writer and "
                    "cronstream_reader (needs an administrator's database URL) and migrate as the owner.")
@@ -101,20 +125,22 @@ def initialise(settings: Settings, echo: bool = True, roles: dict[str, str] | No
 @click.option("--no-topics", is_flag=True, help="Leave Kafka alone (PostgreSQL only).")
 @pass_state
 def init(state: CliState, partitions: int | None, replication_factor: int | None,
-         min_insync_replicas: int | None, roles: bool, owner_password: str | None,
-         writer_password: str | None, reader_password: str | None, no_topics: bool) -> None:
+         min_insync_replicas: int | None, scheduler_shards: int | None, roles: bool,
+         owner_password: str | None, writer_password: str | None, reader_password: str | None,
+         no_topics: bool) -> None:
     """Create the topics and apply the PostgreSQL migrations (idempotent).
 
     Existing topics are left as they are (their partition count and replication factor are
-    not changed). With --roles, once, by an administrator: the three roles of least
-    privilege (a role's password is set when given; a role without one logs in only where
-    pg_hba.conf trusts it)."""
+    not changed: the clock's shards are fixed once job-definitions exists, and init says
+    so). With --roles, once, by an administrator: the three roles of least privilege (a
+    role's password is set when given; a role without one logs in only where pg_hba.conf
+    trusts it)."""
     passwords = {role: password for role, password in zip(
         db_roles.ROLES, (owner_password, writer_password, reader_password), strict=True) if password}
     if passwords and not roles:
         raise click.UsageError("role passwords are set by `init --roles`")
     try:
-        initialise(state.settings(topic_partitions=partitions,
+        initialise(state.settings(topic_partitions=partitions, scheduler_shards=scheduler_shards,
                                   topic_replication_factor=replication_factor,
                                   topic_min_insync_replicas=min_insync_replicas),
                    roles=passwords if roles else None, topics=not no_topics)

@@ -38,14 +38,21 @@ def instance_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.command()
 @instance_option
 @http_options("scheduler")
-@click.option("--session-timeout-ms", type=int, help="Failover bound: the election group's session timeout.")
+@click.option("--session-timeout-ms", type=int,
+              help="Failover bound: how long a process that stops heartbeating keeps its shards.")
+@click.option("--standbys", type=click.IntRange(0, 8),
+              help="Warm standbys of every shard on other scheduler processes (default 1).")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Where this process keeps its shards' stores (a cache of Kafka).")
 @pass_state
 def scheduler(state: CliState, instance_id: str | None, http_port: int | None,
-              http_bind: str | None, session_timeout_ms: int | None) -> None:
-    """Run a scheduler instance (leader or standby)."""
+              http_bind: str | None, session_timeout_ms: int | None, standbys: int | None,
+              data_dir: str | None) -> None:
+    """Run a scheduler process: it leads some shards of the clock and keeps others warm."""
     from cronstream.services.scheduler.service import SchedulerService
 
     settings = state.settings(scheduler_session_timeout_ms=session_timeout_ms,
+                              scheduler_standbys=standbys, scheduler_data_dir=data_dir,
                               instance_id=instance_id, http_port=http_port, http_bind=http_bind)
     sys.exit(run_service(SchedulerService(settings), settings))
 

@@ -1,6 +1,7 @@
 """The dashboard's Starlette application: routes, security headers, rendering.
 
-Pages are read-only views of the projection (`views.py` builds what they show);
+Pages are read-only views of the projection (`views.py` builds what they show; the
+Schedulers page, of the scheduler group on Kafka: `schedulers.py`);
 state-changing requests are POSTs that need an identity and, for ambient credentials,
 a CSRF token (`auth.py`), and publish through `actions.py`.
 
@@ -37,6 +38,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from cronstream.cli.schedulers_cmd import scheduler_rows
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import Status
 from cronstream.ui import views
@@ -45,6 +47,7 @@ from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_
 from cronstream.ui.hosts import AllowedHosts, HostGuard
 from cronstream.ui.live import CHANNELS, LiveHub, LiveResponse
 from cronstream.ui.present import FILTERS
+from cronstream.ui.schedulers import SchedulerRoles, SchedulersUnavailable
 from cronstream.ui.store import DatabaseUnavailable, Store
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +75,14 @@ class FormTooLarge(Exception):
         self.limit = limit
 
 
+def template_env() -> jinja2.Environment:
+    """The pages' templates. Autoescaping everywhere: job names, params, results and
+    errors come from records, scheduler names from Kafka clients."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    env.filters.update(FILTERS)
+    return env
+
+
 class UI:
     """Everything a request handler needs; one per application."""
 
@@ -85,14 +96,12 @@ class UI:
             settings.ui_session_key.get_secret_value() if settings.ui_session_key else None,
             token_login=settings.ui_token_login,
             metrics_token=settings.ui_metrics_token.get_secret_value() if settings.ui_metrics_token else None)
-        # Autoescaping everywhere: job names, params, results and errors come from records.
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
-                                 autoescape=True)
-        env.filters.update(FILTERS)
-        self.templates = Jinja2Templates(env=env)
+        self.templates = Jinja2Templates(env=template_env())
         self.hub = LiveHub(settings.database_url, self.render_live,
                            max_streams=settings.ui_live_streams,
                            max_streams_per_client=settings.ui_live_streams_per_client)
+        # The Schedulers page reads Kafka, as `cronstream schedulers` does.
+        self.schedulers = SchedulerRoles(partial(scheduler_rows, settings))
 
     async def render_log(self, execution_id: UUID) -> str:
         """The live log of one execution: its last lines, where it stands, its traceback
@@ -400,6 +409,16 @@ async def workers_page(ui: UI, request: Request) -> Response:
 
 
 @page
+async def schedulers_page(ui: UI, request: Request) -> Response:
+    try:
+        context = await views.schedulers(ui.schedulers, ui.settings.scheduler_standbys)
+    except SchedulersUnavailable as exc:
+        return ui.error(request, 503, "Kafka is unavailable",
+                        f"The scheduler group cannot be read right now: {exc}")
+    return ui.page(request, "schedulers.html", context)
+
+
+@page
 async def alerts_page(ui: UI, request: Request) -> Response:
     try:
         context = await views.alerts(ui.store, request.query_params)
@@ -651,6 +670,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
             yield
         finally:
             ui.hub.close()
+            ui.schedulers.close()
             await store.close()
             if actions is not None:
                 actions.close()
@@ -674,6 +694,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/executions/{execution_id}/reject", reject, methods=["POST"]),
         Route("/timeline", timeline_page),
         Route("/workers", workers_page),
+        Route("/schedulers", schedulers_page),
         Route("/alerts", alerts_page),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""What each page shows: reads through `Store`, shaped for the templates.
+"""What each page shows: reads through `Store` (the Schedulers page: `SchedulerRoles`, on
+Kafka), shaped for the templates.
 
 Every read is bounded (a page size, a LIMIT in SQL) and index-backed; parameters are
 validated here and a bad one raises ValueError naming it (a 400 for the user).
@@ -19,6 +20,7 @@ from cronstream.shared.records import ExecutionStatus, JobDefinition
 from cronstream.shared.schedule import upcoming
 from cronstream.shared.statuses import FINAL, TERMINAL, Status
 from cronstream.ui import graph
+from cronstream.ui.schedulers import SchedulerRoles, shard_table
 from cronstream.ui.store import Store
 from cronstream.ui.timeline import Mark, MarkKind, Row, Window, load, project_row
 from cronstream.versions import DefinitionVersion, changed_fields, to_yaml, with_changes, yaml_diff
@@ -289,6 +291,18 @@ async def dag_run(store: Store, run_id: UUID) -> dict[str, Any]:
 async def workers(store: Store) -> dict[str, Any]:
     return {"workers": await store.fetch("workers", 500),
             "queues": await store.fetch("queue_depth"), "now": datetime.now(UTC)}
+
+
+async def schedulers(roles: SchedulerRoles, standbys: int) -> dict[str, Any]:
+    """The live scheduler processes with the shards each leads and keeps warm, and each
+    shard with its leader and standbys (SchedulersUnavailable when Kafka does not say)."""
+    found = await roles.get()
+    shards = shard_table(found)
+    return {"schedulers": sorted(found.schedulers, key=lambda r: r["scheduler_id"]),
+            "shards": shards, "shard_count": found.shards, "standbys": standbys,
+            "unled": [s["shard"] for s in shards if s["leader"] is None],
+            "without_standby": [s["shard"] for s in shards if s["leader"] is not None and not s["standby"]],
+            "read_at": found.read_at}
 
 
 async def alerts(store: Store, params: Mapping[str, str]) -> dict[str, Any]:

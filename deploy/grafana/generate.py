@@ -197,16 +197,34 @@ DAG = Dashboard(
 PLATFORM = Dashboard(
     uid="cronstream-platform",
     title="cronstream / Platform",
-    description="Per service: processes, leader, lags, projection, pool use, transaction aborts, "
-                "restarts, analytics.",
+    description="Per service: processes, the clock's shards (led, kept warm, standby lag), lags, "
+                "projection, pool use, transaction aborts, restarts, analytics.",
     time_from="now-3h",
     panels=(
         Prom("Processes, by service", (("{{service}}", "count by (service) (cronstream_build_info)"),),
              w=8),
-        Prom("Scheduler leaders (must be 1)", (("leaders", "sum(cronstream_scheduler_leader)"),), w=8),
+        Prom("Scheduler shards without a leader (must be 0)",
+             (("without a leader", "max(cronstream_scheduler_shards) - (sum(cronstream_scheduler_shards_led) "
+                                   "or vector(0))"),
+              ("without a standby", "clamp_min(max(cronstream_scheduler_shards) - "
+                                    "(sum(cronstream_scheduler_shards_standby) or vector(0)), 0)")), w=8,
+             description="Shards nobody leads (their jobs do not fire) and shards nobody keeps warm, "
+                         "from what every scheduler reports (one standby each: "
+                         "CRONSTREAM_SCHEDULER_STANDBYS). `cronstream schedulers` names them."),
         Prom("Scrape targets up", (("{{job}} {{instance}}", 'up{job=~"cronstream.*"}'),), w=8),
         Prom("Consumer lag, by service and group",
              (("{{service}} {{group}}", "sum by (service, group) (cronstream_consumer_lag)"),)),
+        Prom("Scheduler shards led and kept warm, per scheduler",
+             (("leads {{instance}}", "sum by (instance) (cronstream_scheduler_shards_led)"),
+              ("stands by {{instance}}", "sum by (instance) (cronstream_scheduler_shards_standby)"),
+              ("shards", "max(cronstream_scheduler_shards)")),
+             description="Which process leads how many shards of the clock, and how many it keeps warm "
+                         "for a takeover; the leads add up to the shards. The Schedulers page of the "
+                         "dashboard (and `cronstream schedulers`) says which."),
+        Prom("Scheduler standby lag, per scheduler",
+             (("{{instance}}", "sum by (instance) (cronstream_scheduler_standby_lag_records)"),),
+             description="Records of its standby shards a scheduler has not applied yet: what a takeover "
+                         "from it would first catch up on. Near 0 but while a process warms up."),
         Prom("Projection lag (events not yet in PostgreSQL)",
              (("lag", "sum(cronstream_projection_lag_events)"),
               ("projected/s", f"sum({_rate('cronstream_projection_records_total')})"))),

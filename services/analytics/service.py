@@ -122,8 +122,7 @@ class AnalyticsService:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        self._producer = self.kafka.idempotent(producer_config(self.settings, f"analytics-{self.instance}"))
-        reader = self.kafka.consumer(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
+        reader, producer = self.open()
         sampler: asyncio.Task[None] | None = None
         try:
             ends = await self._start(reader)
@@ -135,8 +134,15 @@ class AnalyticsService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
             await reader.close()
-            self._producer.flush(5.0)
+            producer.flush(5.0)
             self._flusher.shutdown(wait=True)
+
+    def open(self) -> tuple[ConsumerThread, IdempotentProducer]:
+        """Make the Kafka clients (none is contacted yet): the reader, the alerts' producer."""
+        producer = self._producer = self.kafka.idempotent(
+            producer_config(self.settings, f"analytics-{self.instance}"))
+        reader = self.kafka.consumer(reader_config(self.settings, f"analytics-{self.instance}"), SERVICE)
+        return reader, producer
 
     async def _start(self, reader: ConsumerThread) -> dict[tuple[str, int], int]:
         """Steps 1-2, then the assignment of step 3; returns the replay's ends."""
@@ -147,7 +153,9 @@ class AnalyticsService:
         starts, ends = await offsets_since(reader, t.execution_events, since_ms)
         await read_to_end(reader, [TopicPartition(t.alerts, 0)], self._restore)
         opened = len(self.episodes.open)
-        compacted = [TopicPartition(t.job_definitions, 0), TopicPartition(t.scheduler_state, 0)]
+        # Every shard of the clock's compacted topics (shared/shards.py).
+        compacted = [TopicPartition(topic, p) for topic in (t.job_definitions, t.scheduler_state)
+                     for p in await reader.partitions(topic) or [0]]
         await read_to_end(reader, compacted, self._apply)
         positions = await reader.position(compacted)
         await reader.assign([

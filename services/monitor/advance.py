@@ -154,7 +154,7 @@ class Decisions:
             log(logger, "pending_retry_cancelled", job_id=job_id,
                 execution_id=str(command.execution_id), issued_by=command.issued_by)
             headers = new_headers()
-            return [self.outbound.retry_tombstone(command.execution_id, headers),
+            return [self.outbound.retry_tombstone(command.execution_id, job_id, headers),
                     self.outbound.event(ExecutionEvent.for_due(
                         retry, "CANCELLED", occurred_at=now, completed_at=now,
                         cancelled_by=command.issued_by,

@@ -54,8 +54,10 @@ class Outbound:
         return OutRecord(self.topics.execution_events, event.job_id.encode(), event.to_json(),
                          headers)
 
-    def retry_tombstone(self, retry_id: UUID, headers: Headers) -> OutRecord:
-        return OutRecord(self.topics.retries, str(retry_id).encode(), None, headers)
+    def retry_tombstone(self, retry_id: UUID, job_id: str, headers: Headers) -> OutRecord:
+        """Drop a pending retry timer: on the job's shard, where the timer is."""
+        return OutRecord(self.topics.retries, str(retry_id).encode(), None, headers,
+                         self.topics.shard(job_id))
 
     # -- DAG steps ------------------------------------------------------------------------
 

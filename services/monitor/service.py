@@ -30,7 +30,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
+from typing import Any
 
 import asyncpg
 from confluent_kafka import KafkaException, TopicPartition
@@ -42,7 +44,7 @@ from cronstream.services.monitor.outbound import Outbound
 from cronstream.services.monitor.retention import retention_loop
 from cronstream.services.monitor.store import Fresh, ProjectionStore, create_staging
 from cronstream.shared import metrics
-from cronstream.shared.clients import REAL, KafkaClients
+from cronstream.shared.clients import REAL, KafkaClients, resolved_topics
 from cronstream.shared.db import SESSION_LOST, fast_timestamps, query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.health import Health
@@ -135,17 +137,36 @@ class MonitorService:
         self.projected = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = stopping
+        # Retry tombstones go to their job's shard of `retries`: as many as the clock has.
+        self.topics = self.outbound.topics = await resolved_topics(self.settings, self.kafka)
         pool = await self._connect(stopping)
         if pool is None:
             return
-        store = self._store = ProjectionStore(pool, self.group, self.topics,
-                                              log_limit=self.settings.worker_log_limit_bytes)
-        producer = self._producer = self.kafka.idempotent(
-            producer_config(self.settings, f"monitor-{self.instance}"))
+        store = ProjectionStore(pool, self.group, self.topics,
+                                log_limit=self.settings.worker_log_limit_bytes)
+        consumer, producer = self.open(store)
         housekeeping = Housekeeping(self.settings, pool, store, producer=producer,
                                     outbound=self.outbound, instance=self.instance, kafka=self.kafka)
+        try:
+            await self.serve(consumer, stopping, alongside=[
+                partial(supervise, "housekeeping", partial(self._housekeeping, housekeeping, stopping),
+                        self.health, stopping),
+                partial(supervise, "retention", partial(retention_loop, pool, self.settings, stopping),
+                        self.health, stopping)])
+        finally:
+            await housekeeping.close()
+            await consumer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), 10)
+            with contextlib.suppress(KafkaException):
+                await producer.flush_async(5.0)
+
+    def open(self, store: ProjectionStore) -> tuple[ConsumerThread, IdempotentProducer]:
+        """Make the Kafka clients around the projection `store` (none is contacted yet)."""
+        self._loop = asyncio.get_running_loop()
+        self._store = store
+        producer = self._producer = self.kafka.idempotent(
+            producer_config(self.settings, f"monitor-{self.instance}"))
         conf = consumer_config(self.settings, f"monitor-{self.instance}", self.group,
                                **{"fetch.min.bytes": FETCH_MIN_BYTES,
                                   "fetch.wait.max.ms": FETCH_WAIT_MS,
@@ -153,6 +174,13 @@ class MonitorService:
         conf["stats_cb"] = lag_reporter(self.topics, self.group, self.topics.execution_events,
                                         metrics.PROJECTION_LAG)
         consumer = self._consumer = self.kafka.consumer(conf, "monitor")
+        return consumer, producer
+
+    async def serve(self, consumer: ConsumerThread, stopping: asyncio.Event,
+                    alongside: Sequence[Callable[[], Coroutine[Any, Any, None]]] = ()) -> None:
+        """Join the group, then read batches and write them in order until `stopping` (or
+        until the writer fails, with its error); `alongside` runs as tasks meanwhile."""
+        self._stopping = stopping
         t = self.topics
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -161,11 +189,7 @@ class MonitorService:
                  t.commands, t.alerts],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             writer = self._writer = asyncio.create_task(self._write_batches())
-            tasks = [writer, asyncio.create_task(supervise(
-                "housekeeping", partial(self._housekeeping, housekeeping, stopping),
-                self.health, stopping)), asyncio.create_task(supervise(
-                    "retention", partial(retention_loop, pool, self.settings, stopping),
-                    self.health, stopping))]
+            tasks = [writer, *[asyncio.create_task(task()) for task in alongside]]
             log(logger, "monitor_started", instance=self.instance)
             last_batch, gap = 0.0, BATCH_GAP_SECONDS
             while not stopping.is_set() and not writer.done():
@@ -195,12 +219,6 @@ class MonitorService:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await housekeeping.close()
-            await consumer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 10)
-            with contextlib.suppress(KafkaException):
-                await producer.flush_async(5.0)
 
     async def _connect(self, stopping: asyncio.Event) -> asyncpg.Pool | None:
         """The connection pool, once PostgreSQL answers (waited for with backoff)."""

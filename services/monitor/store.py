@@ -231,6 +231,31 @@ async def upsert_patches(conn: Any, patches: list[ExecutionPatch], sanitize: boo
     await conn.execute(query("upsert_executions"))
 
 
+def unprojected(conn: Any, batch: MonitorBatch, stored: dict[tuple[str, int], int],
+                topics: Topics) -> Fresh:
+    """The part of `batch` at or past the `stored` offsets of its partitions, to write on
+    `conn`: what lies below was projected already (the fence). The offsets to store
+    after it never move back."""
+    t = topics
+
+    def new(topic: str, partition: int, offset: int) -> bool:
+        return offset >= stored.get((topic, partition), 0)
+
+    return Fresh(
+        conn,
+        events=[e for e in batch.events if new(t.execution_events, e[1], e[2])],
+        beats=[b for b, p, o in batch.beats if new(t.heartbeats, p, o)],
+        definitions=[d for d in batch.definitions
+                     if new(t.job_definitions, d.partition, d.offset)],
+        commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
+        alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
+        logs=[c for c in batch.logs if new(t.execution_logs, c.partition, c.offset)],
+        dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
+        offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
+        traces=batch.traces,
+    )
+
+
 class ProjectionStore:
     def __init__(self, pool: asyncpg.Pool, group: str, topics: Topics, *,
                  log_limit: int = DEFAULT_LIMIT) -> None:
@@ -247,26 +272,9 @@ class ProjectionStore:
     async def transaction(self, batch: MonitorBatch) -> AsyncIterator[Fresh]:
         """Open the batch's transaction, fence it, yield its fresh part; on a clean exit
         store the batch's offsets and commit."""
-        t = self.topics
         async with self.pool.acquire() as conn, conn.transaction():
             stored = await self._fence(conn, batch)
-
-            def new(topic: str, partition: int, offset: int) -> bool:
-                return offset >= stored.get((topic, partition), 0)
-
-            fresh = Fresh(
-                conn,
-                events=[e for e in batch.events if new(t.execution_events, e[1], e[2])],
-                beats=[b for b, p, o in batch.beats if new(t.heartbeats, p, o)],
-                definitions=[d for d in batch.definitions
-                             if new(t.job_definitions, d.partition, d.offset)],
-                commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
-                alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
-                logs=[c for c in batch.logs if new(t.execution_logs, c.partition, c.offset)],
-                dead=[r for r, topic, p, o in batch.dead if new(topic, p, o)],
-                offsets={k: max(v, stored.get(k, 0)) for k, v in batch.offsets.items()},
-                traces=batch.traces,
-            )
+            fresh = unprojected(conn, batch, stored, self.topics)
             yield fresh
             await conn.execute(
                 query("store_offsets"), self.group, [k[0] for k in fresh.offsets],

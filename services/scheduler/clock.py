@@ -1,9 +1,14 @@
-"""The leader's clock: every job's next fire, pending retries, and a timer heap.
+"""A shard leader's clock: the next fire of the jobs due soon, pending retries, a timer heap.
 
 Pure logic, no Kafka: the leader feeds it definitions, state and retry records, asks it
 for a `FirePlan` when something is due, commits the plan's records in one transaction,
 and only then calls `commit(plan)`; an aborted plan is `restore`d. So the in-memory
 clock never runs ahead of what Kafka holds.
+
+The near window: with a `horizon_ms`, the clock holds only the jobs and retries due
+before it (`admit`); everything due later lives in the shard's store on disk (store.py)
+and is admitted as the horizon moves on. A job whose next fire falls beyond the horizon
+after it fired or changed is `evict`ed. Without a horizon (unit tests), it holds all.
 
 Misfires (a fire found late by more than `misfire_grace_seconds`, e.g. after an outage
 or a failover):
@@ -31,7 +36,7 @@ import contextlib
 import heapq
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from uuid import UUID
@@ -99,11 +104,14 @@ class Fire(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StateChange:
-    """A record for the scheduler-state topic: the new state, or None for a tombstone."""
+    """A record for the scheduler-state topic: the new state, or None for a tombstone;
+    with the timing it holds, for the shard's store."""
 
     job_id: str
     value: bytes | None
     next_fire_ms: int | None = None
+    offset: int | None = None
+    last_fire_ms: int | None = None
 
 
 def render_state(job_id: str, offset: int, next_ms: int | None, last_ms: int | None) -> bytes:
@@ -147,10 +155,19 @@ class FirePlan:
         return bool(self.dues or self.fired_retries or self.states)
 
 
+# (type, depends_on) of a job the clock does not hold (the shard's store), or None.
+ShapeOf = Callable[[str], "tuple[str, list[str]] | None"]
+
+
 class Clock:
-    def __init__(self) -> None:
+    def __init__(self, shape_of: ShapeOf | None = None,
+                 dependents: Callable[[], Iterable[tuple[str, list[str]]]] | None = None) -> None:
         self.jobs: dict[str, JobClock] = {}
         self.retries: dict[UUID, RetryRequest] = {}
+        # Timers due at or after this are not held (None: all are): the store has them.
+        self.horizon_ms: int | None = None
+        self._shape_of = shape_of
+        self._dependents_source = dependents
         # Takeover only: job_id -> (definition_offset, next_fire_ms, last_fire_ms).
         self._state: dict[str, tuple[int, int | None, int | None]] = {}
         self._heap: list[tuple[int, int, str]] = []
@@ -240,16 +257,48 @@ class Clock:
     @staticmethod
     def _state_change(job: JobClock) -> StateChange:
         return StateChange(job.job_id, render_state(job.job_id, job.offset, job.next_fire_ms,
-                                                    job.last_fire_ms), job.next_fire_ms)
+                                                    job.last_fire_ms), job.next_fire_ms,
+                           job.offset, job.last_fire_ms)
+
+    def recompute(self, job: JobClock) -> StateChange:
+        """The timing of a job whose stored state does not match its definition (a new
+        leader's reconcile, from the shard's store): computed from the definition, kept
+        in the clock when it falls inside the horizon."""
+        self._compute_first(job)
+        if self._holds(job.next_fire_ms):
+            self.jobs[job.job_id] = job
+            self._schedule(job)
+        return self._state_change(job)
+
+    # -- the near window ------------------------------------------------------------
+
+    def _holds(self, due_ms: int | None) -> bool:
+        return due_ms is not None and (self.horizon_ms is None or due_ms < self.horizon_ms)
+
+    def admit(self, job: JobClock) -> None:
+        """A job due before the horizon, from the store (one held already stays as is)."""
+        if job.job_id not in self.jobs and job.next_fire_ms is not None:
+            self.jobs[job.job_id] = job
+            self._schedule(job)
+
+    def evict(self) -> list[str]:
+        """Drop the jobs that no longer fire before the horizon (the store keeps them)."""
+        if self.horizon_ms is None:
+            return []
+        gone = [j for j, job in self.jobs.items() if not self._holds(job.next_fire_ms)]
+        for job_id in gone:
+            del self.jobs[job_id]
+        return gone
 
     # -- live updates ---------------------------------------------------------------
 
     def apply_definition(
         self, job_id: str, definition: JobDefinition | None, raw: bytes | None,
-        offset: int, observed_ms: int,
+        offset: int, observed_ms: int, *, last_fire_ms: int | None = None,
     ) -> StateChange:
         """A new, updated or deleted (None) definition; takes effect at its next fire.
-        An invalid one (`raw` given, `definition` None) suspends the job."""
+        An invalid one (`raw` given, `definition` None) suspends the job. `last_fire_ms`:
+        its last fire, when the clock does not hold the job (the store knows it)."""
         self._unlink(job_id)
         self.suspended.pop(job_id, None)
         if raw is None:
@@ -259,8 +308,7 @@ class Clock:
             self._link(job_id, definition)
         previous = self.jobs.get(job_id)
         job = JobClock(job_id, offset, raw, observed_ms, _definition=definition)
-        if previous is not None:
-            job.last_fire_ms = previous.last_fire_ms
+        job.last_fire_ms = previous.last_fire_ms if previous is not None else last_fire_ms
         self.jobs[job_id] = job
         if definition is not None:
             self._compute_first(job)
@@ -279,7 +327,7 @@ class Clock:
                 return definition.type, list(definition.depends_on)
             job = self.jobs.get(job_id)
             if job is None:
-                return None
+                return None if self._shape_of is None else self._shape_of(job_id)
             try:
                 found = job.definition
             except Exception:  # an invalid definition takes no part in any DAG
@@ -293,6 +341,11 @@ class Clock:
         only the definitions that look DEPENDENT) and kept current by apply_definition."""
         if self._dependents is None:
             self._dependents, self._upstreams = {}, {}
+            if self._dependents_source is not None:
+                for dependent, depends_on in self._dependents_source():
+                    self._upstreams[dependent] = tuple(depends_on)
+                    for upstream in depends_on:
+                        self._dependents.setdefault(upstream, set()).add(dependent)
             for job in self.jobs.values():
                 if job._definition is None and b"DEPENDENT" not in job.raw:
                     continue
@@ -313,9 +366,15 @@ class Clock:
         for upstream in self._upstreams.pop(job_id, ()):
             self._dependents.get(upstream, set()).discard(job_id)
 
-    def add_retry(self, request: RetryRequest) -> None:
+    def add_retry(self, request: RetryRequest) -> bool:
+        """Hold a retry timer; whether it is held (due before the horizon)."""
+        due = to_ms(request.due_at)
+        if not self._holds(due):
+            self.retries.pop(request.execution_id, None)
+            return False
         self.retries[request.execution_id] = request
-        heapq.heappush(self._heap, (to_ms(request.due_at), _RETRY, str(request.execution_id)))
+        heapq.heappush(self._heap, (due, _RETRY, str(request.execution_id)))
+        return True
 
     def cancel_retry(self, key: UUID) -> None:
         self.retries.pop(key, None)
@@ -391,7 +450,8 @@ class Clock:
             self._suspend(job, exc)
             plan._updates.append((job.job_id, None, job.last_fire_ms))
             plan.states.append(StateChange(
-                job.job_id, render_state(job.job_id, job.offset, None, job.last_fire_ms), None))
+                job.job_id, render_state(job.job_id, job.offset, None, job.last_fire_ms), None,
+                job.offset, job.last_fire_ms))
 
     def _plan_fires(self, job: JobClock, now_ms: int, plan: FirePlan, limit: int) -> None:
         assert job.next_fire_ms is not None
@@ -423,7 +483,8 @@ class Clock:
         last_ms = fires[-1] if fires else job.last_fire_ms
         plan._updates.append((job.job_id, following, last_ms))
         plan.states.append(StateChange(
-            job.job_id, render_state(job.job_id, job.offset, following, last_ms), following))
+            job.job_id, render_state(job.job_id, job.offset, following, last_ms), following,
+            job.offset, last_ms))
 
     @staticmethod
     def _following(definition: JobDefinition, after_ms: int) -> int | None:
@@ -435,13 +496,17 @@ class Clock:
         return None if fire is None else to_ms(fire)
 
     def commit(self, plan: FirePlan) -> None:
-        """The plan's transaction committed: advance the clock."""
+        """The plan's transaction committed: advance the clock (a job that no longer fires
+        before the horizon leaves it: the store keeps its timing)."""
         for job_id, next_ms, last_ms in plan._updates:
             job = self.jobs.get(job_id)
             if job is None:
                 continue
             job.next_fire_ms, job.last_fire_ms = next_ms, last_ms
-            self._schedule(job)
+            if self._holds(next_ms):
+                self._schedule(job)
+            elif self.horizon_ms is not None:
+                del self.jobs[job_id]
         for key in plan.fired_retries:
             self.retries.pop(key, None)
 

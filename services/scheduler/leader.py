@@ -1,51 +1,57 @@
-"""The scheduler leader: takeover, then the transactional fire loop.
+"""A shard's leader: takeover, then the transactional fire loop (one term, one shard).
 
-Takeover, in this order (docs/decisions/0002-scheduler-election-and-fencing.md):
-1. `init_transactions()` on the fixed transactional.id: fences any previous leader, and
-   completes or aborts its open transaction, so what follows reads a settled log.
-2. Read `scheduler-state` to its end: every job's stored next fire.
-3. Replay `job-definitions` from offset 0 through the election consumer (which then
-   stays on it). Records below the group's committed offset were processed by an
-   earlier leader; the rest are validated now, the bad ones dead-lettered.
-4. Reconcile: where a job's state was computed from its current definition, trust its
-   next fire (no cron evaluation); recompute the others.
-5. Read `retries` to its end: the pending retry timers.
-6. Commit the reconciled state, dead letters and the definitions offset in one
-   transaction; then fire.
+Takeover, in this order (docs/decisions/0002 and 0039):
+1. `init_transactions()` on the shard's own transactional.id: fences the shard's previous
+   leader alone, and completes or aborts its open transaction, so what follows reads a
+   settled log.
+2. The follower reads the shard's `scheduler-state`, `retries` and `job-definitions` to
+   the end they have now into the shard's store (follower.py). A warm standby's store is
+   current already: this reads only the tail.
+3. The election consumer reads the shard's definitions from where the store and the
+   group's committed offset say (the lower of the two). Records below the committed
+   offset were processed by an earlier leader (the store takes their bytes); the rest are
+   validated now, the bad ones dead-lettered, the good ones applied.
+4. Reconcile what the store cannot trust: jobs whose stored timing was not computed from
+   their definition are computed again, timings of deleted jobs are dropped.
+5. Commit the reconciled state, dead letters and the definitions offset (in transactions
+   of a bounded size); then hold the near window in memory (the clock) and fire.
 
-Each round of the fire loop commits, in one transaction: the JobDue records of every
-timer due now (and of the ALLOW jobs' fires due within `scheduler_fire_ahead_ms`, which
-the workers start at their time: docs/decisions/0027), the new state of each fired
+Each round of the fire loop commits, in one transaction of the shard: the JobDue records
+of every timer due now (and of the ALLOW jobs' fires due within `scheduler_fire_ahead_ms`,
+which the workers start at their time: docs/decisions/0027), the new state of each fired
 job, tombstones of fired retries, the effects of newly read definitions and the consumer
-offset of those definitions.
+offset of those definitions. The store learns each committed timing after the commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 from opentelemetry.trace import Span, Status, StatusCode
 
-from cronstream.services.scheduler.clock import Clock, FirePlan
-from cronstream.services.scheduler.outbound import LeaderRecords
-from cronstream.shared import metrics, telemetry
+from cronstream.services.scheduler.clock import Clock, FirePlan, JobClock, StateChange
+from cronstream.services.scheduler.follower import Follower
+from cronstream.services.scheduler.outbound import Applied, LeaderRecords
+from cronstream.services.scheduler.store import ShardStore, StoredJob
+from cronstream.shared import telemetry
 from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import DecodeError, decode_key
 from cronstream.shared.inbound import Batch, Inbound
-from cronstream.shared.kafka.config import OFFSET_BEGINNING, producer_config, reader_config
-from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.config import producer_config
+from cronstream.shared.kafka.consumer import ConsumerThread
 from cronstream.shared.kafka.errors import settled
-from cronstream.shared.kafka.reading import position, read_to_end, record_time_ms
+from cronstream.shared.kafka.reading import position, record_time_ms
 from cronstream.shared.logs import log
 from cronstream.shared.producers import OutRecord, ProducerFenced, TransactionalProducer
-from cronstream.shared.records import JobDefinition, RetryRequest
+from cronstream.shared.records import RetryRequest
 from cronstream.shared.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -53,22 +59,31 @@ logger = logging.getLogger(__name__)
 SERVICE = "scheduler"
 FIRE_LIMIT = 5000  # fires per transaction; a larger backlog takes several rounds
 DEFINITIONS_PER_ROUND = 10_000
+# At takeover, state records per transaction (a first leader computes every job's).
+RECONCILE_PER_TRANSACTION = 20_000
 # Rounds (transactions) start at least this far apart: under load one round fires every
 # job due in the gap instead of a transaction per few jobs (a transaction costs the broker
 # milliseconds, a record in it microseconds: decision 0012); a lone fire is never held
-# back more than this. 50 ms: a round writes every job-due partition, and moving rounds
-# from 20 to 50 ms apart took a quarter off the broker's CPU at 1,000 fires/s.
+# back more than this.
 ROUND_GAP_SECONDS = 0.05
 # ...and this far apart while every fire is committed ahead of its time (ALLOW jobs inside
 # `scheduler_fire_ahead_ms`, decision 0027): nothing waits on the round then. A round
 # that fired something due already (a retry, a FORBID or REPLACE job, a late fire), or
-# with such a timer due before this gap is out, keeps the short gap, so the timer path's
-# fire lag stays what ROUND_GAP_SECONDS makes it.
+# with such a timer due before this gap is out, keeps the short gap.
 AHEAD_ROUND_GAP_SECONDS = 0.1
 # ...except when catching up (fires found this late after an outage or a takeover): each
 # round then fires one missed occurrence per job, and waiting between rounds would only
 # hold back the newest fires, which come last.
 CATCH_UP_LAG_MS = 1000
+# The near window: timers due within this are held in memory (the clock); the store has
+# the rest. It moves on when less than half of it is left.
+WINDOW_MS = 120_000
+# How many held jobs are made ready to fire (parsed, rendered) per pass between rounds:
+# a burst due in one second is prepared long before its second.
+PREPARE_PER_PASS = 2_000
+# Handing a shard over (SIGTERM), its leader's last round commits the ALLOW jobs' fires
+# due within this much: the standby takes over meanwhile.
+HAND_OVER_AHEAD_MS = 1_000
 
 
 def time_ms() -> int:
@@ -86,17 +101,37 @@ def next_round_gap(plan: FirePlan, now_ms: int) -> float:
     return min(AHEAD_ROUND_GAP_SECONDS, max(ROUND_GAP_SECONDS, (plan.held_ms - now_ms) / 1000))
 
 
-class Leader:
-    """One term of leadership. Created on assignment of partition 0, stopped on revoke."""
+def transactional_id(prefix: str, shard: int) -> str:
+    """The shard's own transactional.id: a new leader of the shard fences its old leader,
+    and only it."""
+    return f"{prefix}scheduler-shard-{shard}"
 
-    def __init__(self, settings: Settings, election: ConsumerThread, instance: str,
+
+def _job(row: StoredJob) -> JobClock:
+    job = JobClock(row.job_id, row.def_offset, row.raw, row.observed_ms)
+    job.next_fire_ms, job.last_fire_ms = row.next_fire_ms, row.last_fire_ms
+    return job
+
+
+class ShardLeader:
+    """One term of leadership of one shard. Created when the election consumer is assigned
+    the shard's partition, stopped (before the callback returns) when it loses it."""
+
+    def __init__(self, settings: Settings, shard: int, *, election: ConsumerThread, store: ShardStore,
+                 follower: Follower, instance: str, group_metadata: Callable[[], Any],
                  kafka: KafkaClients = REAL) -> None:
         self.settings = settings
-        self.kafka = kafka
         self.topics = settings.topics
+        self.shard = shard
         self.election = election
+        self.store = store
+        self.follower = follower
         self.instance = instance
-        self.clock = Clock()
+        self.kafka = kafka
+        self._group_metadata = group_metadata
+        self._reading = False  # whether the definitions consumer has the shard's partition
+        self.clock = Clock(shape_of=store.shape, dependents=store.dependents)
+        self.clock.horizon_ms = time_ms() + WINDOW_MS
         self.failed: BaseException | None = None
         self.fenced = False
         self.ready = asyncio.Event()
@@ -104,62 +139,76 @@ class Leader:
         self._loading = True
         self._committed_offset = 0
         self._unprocessed: list[Message] = []
+        self._processed: list[tuple[str, int, int, bytes | None]] = []
         self._pending_defs: list[Message] = []
+        self._pending_retries: list[Message] = []
         self._pending_fixes: list[OutRecord] = []
         self._caught_up = asyncio.Event()
-        self._state_loaded = asyncio.Event()
+        self._fed = asyncio.Event()
         self._wake = asyncio.Event()
-        self._round_gap = ROUND_GAP_SECONDS  # until the next round: next_round_gap
+        self._round_gap = ROUND_GAP_SECONDS
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
-        self.out = LeaderRecords(self.topics, self.clock)
-        # Every record the leader reads, from job-definitions and retries, goes through the
-        # one inbound path: errors logged, bad records dead-lettered with its transactions.
+        self.out = LeaderRecords(self.topics, self.clock, shard, store.last_fire)
         self.inbound = Inbound(SERVICE, self.topics)
         self._fire_spans: list[Span] = []
-        self._retries_reader: ConsumerThread | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.took_over_seconds: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._run(), name="scheduler-leader"))
+        self._tasks.append(asyncio.create_task(self._run(), name=f"scheduler-shard-{self.shard}"))
 
-    async def stop(self) -> None:
-        """Stop acting: after this returns no transaction of this term is in flight."""
+    async def stop(self, hand_over: bool = False) -> None:
+        """Stop acting: after this returns no transaction of this term is in flight. Handing
+        over (SIGTERM), a last round first commits what is due, and the ALLOW jobs' fires
+        of the next HAND_OVER_AHEAD_MS, which the workers start at their time."""
+        if hand_over and self.active and self.ready.is_set():
+            with contextlib.suppress(Exception):
+                await self._round(time_ms(), ahead_ms=HAND_OVER_AHEAD_MS)
         self._active = False
-        metrics.SCHEDULER_LEADER.set(0)
         self._wake.set()
         self._caught_up.set()
-        self._state_loaded.set()
         async with self._txn_lock:
             for task in self._tasks:
                 task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._retries_reader is not None:
-            await self._retries_reader.close()
         if self._producer is not None:
             producer, self._producer = self._producer, None
             await producer.close()
+        if self._reading:
+            self._reading = False
+            with contextlib.suppress(Exception):
+                await self.election.on_lane(lambda c: c.incremental_unassign(
+                    [TopicPartition(self.topics.job_definitions, self.shard)]))
 
     @property
     def active(self) -> bool:
         return self._active and self.failed is None
 
+    @property
+    def jobs(self) -> int:
+        return len(self.clock.jobs)
+
     # -- definitions, fed by the service's election loop ------------------------------
 
-    def feed(self, batch: Batch) -> None:
-        """The election consumer's batch, through the service's inbound path."""
-        if batch.ended and self._loading:
+    def feed(self, batch: Batch, records: list[Message], ended: bool) -> None:
+        """This shard's records of an election batch (read through the inbound path)."""
+        if ended and self._loading:
             self._caught_up.set()
-        for msg in batch.records:
+        for msg in records:
             if self._loading:
                 self._load_definition(batch, msg)
             else:
                 self._pending_defs.append(msg)
-        self._pending_fixes += batch.dead
+        self._fed.set()
+        if self._processed:  # the bytes of what an earlier leader handled, in one write
+            processed, self._processed = self._processed, []
+            self.store.write(definitions=processed,
+                             positions=[(self.topics.job_definitions, processed[-1][1] + 1)])
         if self._pending_defs:
             self._wake.set()
 
@@ -170,9 +219,15 @@ class Leader:
                             reject=offset >= self._committed_offset)
         if job_id is None:
             return
-        self.clock.load_definition(job_id, msg.value(), offset, record_time_ms(msg))
         if offset >= self._committed_offset:
             self._unprocessed.append(msg)
+        else:
+            self._processed.append((job_id, offset, record_time_ms(msg), msg.value()))
+
+    def on_retries(self, messages: list[Message]) -> None:
+        """Records of the shard's `retries`, read by the follower (its lane: the loop's)."""
+        self._pending_retries.extend(messages)
+        self._wake.set()
 
     # -- takeover -------------------------------------------------------------------
 
@@ -183,132 +238,205 @@ class Leader:
         except ProducerFenced as exc:
             self.fenced = True
             self.failed = exc
-            log(logger, "leader_fenced", logging.WARNING, instance=self.instance, error=str(exc))
+            log(logger, "leader_fenced", logging.WARNING, instance=self.instance, shard=self.shard,
+                error=str(exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.failed = exc
-            logger.exception("leader failed", extra={"action": "leader_failed"})
+            logger.exception("shard leader failed", extra={"action": "leader_failed",
+                                                           "shard": self.shard})
 
     async def _take_over(self) -> None:
         started = time.monotonic()
-        tid = f"{self.topics.prefix}scheduler-leader"
+        tid = transactional_id(self.topics.prefix, self.shard)
         self._producer = self.kafka.transactional(
-            producer_config(self.settings, f"scheduler-{self.instance}", transactional_id=tid)
-        )
+            producer_config(self.settings, f"scheduler-{self.instance}-{self.shard}", transactional_id=tid))
         await self._producer.init()
-        log(logger, "leader_fenced_predecessor", instance=self.instance, transactional_id=tid)
+        steps = {"fence": time.monotonic()}
+        log(logger, "leader_fenced_predecessor", instance=self.instance, shard=self.shard,
+            transactional_id=tid)
+        # Everything the predecessor committed is in the log now: read it into the store.
+        await self.follower.caught_up(self.shard)
+        steps["tail"] = time.monotonic()
+        self.follower.follow(self.shard, self.store, "leading", on_retries=self.on_retries)
 
-        def load_state(messages: list[Message]) -> None:
-            for msg in messages:
-                key = msg.key()
-                if key:
-                    self.clock.load_state(key.decode("utf-8", "replace"), msg.value())
-
-        state_reader = self.kafka.consumer(reader_config(self.settings, "scheduler-state"), "state")
-        try:
-            await read_to_end(state_reader, [TopicPartition(self.topics.scheduler_state, 0)],
-                              load_state)
-        finally:
-            await state_reader.close()
-
-        tp = TopicPartition(self.topics.job_definitions, 0)
+        tp = TopicPartition(self.topics.job_definitions, self.shard)
         committed = await settled(lambda: self.election.committed([tp]),
                                   "committed offset of job-definitions")
         self._committed_offset = max(committed[0].offset, 0)
-        # The election consumer paused partition 0 on assignment; replay starts now,
-        # from the beginning (a later term of the same assignment must rewind).
-        await self.election.on_lane(partial(self._rewind, tp=tp))
-        await self._caught_up.wait()
+        start = min(self.store.positions().get(tp.topic, 0), self._committed_offset)
+        await self.election.on_lane(lambda c: c.incremental_assign(
+            [TopicPartition(tp.topic, self.shard, start)]))
+        self._reading = True
+        await self._process_unprocessed()
         if not self._active:
             return
-
-        retries: dict[bytes, Message] = {}
-        self._retries_reader = self.kafka.consumer(reader_config(self.settings, "scheduler-retries"),
-                                                   "retries")
-        await read_to_end(
-            self._retries_reader, [TopicPartition(self.topics.retries, 0)],
-            lambda msgs: retries.update({m.key() or b"": m for m in msgs}),
-        )
-        self._apply_retries(self.inbound.batch([m for m in retries.values() if m.value() is not None]))
-
-        checked = self.inbound.batch(self._unprocessed)
-        last_offset = max((position(m)[2] for m in self._unprocessed), default=-1)
-        for msg in checked.records:
-            if msg.value() is not None:
-                checked.decode(JobDefinition, msg, key_field="job_id")
-        self._unprocessed.clear()
-        records: list[OutRecord] = checked.dead
-        records += [self.out.state(c) for c in self.clock.reconcile()]
-        records += self.out.suspension_alerts()
-        records += self._pending_fixes
-        self._pending_fixes = []
-        offsets = [TopicPartition(tp.topic, 0, last_offset + 1)] if last_offset >= 0 else None
-        await self._commit(records, offsets)
+        steps["definitions"] = time.monotonic()
+        await self._reconcile()
+        steps["reconcile"] = time.monotonic()
+        self._pending_fixes += self._admit_window(None)
+        if self._pending_fixes or self.out.has_suspensions():
+            records, self._pending_fixes = self._pending_fixes + self.out.suspension_alerts(), []
+            await self._commit(records, None)
         self._loading = False
         self.ready.set()
-        metrics.SCHEDULER_LEADER.set(1)
-        metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
-        metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
-        self._tasks.append(asyncio.create_task(self._consume_retries(), name="scheduler-retries"))
-        log(logger, "leader_ready", instance=self.instance, jobs=len(self.clock.jobs),
-            retries=len(self.clock.retries), takeover_seconds=round(time.monotonic() - started, 3))
+        self.took_over_seconds = round(time.monotonic() - started, 3)
+        self._tasks.append(asyncio.create_task(self._prepare_loop(), name=f"scheduler-prepare-{self.shard}"))
+        marks = [started, *steps.values()]
+        log(logger, "leader_ready", instance=self.instance, shard=self.shard, jobs=self.store.count(),
+            held=len(self.clock.jobs), retries=self.store.retry_count(),
+            takeover_seconds=self.took_over_seconds,
+            **{f"{name}_ms": round(1000 * (marks[i + 1] - marks[i])) for i, name in enumerate(steps)})
 
-    @staticmethod
-    def _rewind(consumer: OnLane, tp: TopicPartition) -> None:
-        consumer.pause([tp])
+    async def _process_unprocessed(self) -> None:
+        """Validate and apply the definitions no earlier leader processed, in transactions of
+        DEFINITIONS_PER_ROUND as they arrive (a first leader of a shard of a million jobs
+        never holds them all), until the end of the partition."""
+        tp = TopicPartition(self.topics.job_definitions, self.shard)
+        while self._active:
+            ended = self._caught_up.is_set()
+            if len(self._unprocessed) >= DEFINITIONS_PER_ROUND or (ended and self._unprocessed):
+                defs = self._unprocessed[:DEFINITIONS_PER_ROUND]
+                del self._unprocessed[:DEFINITIONS_PER_ROUND]
+                applied: list[Applied] = []
+                records = self.out.definitions(self.inbound.batch(defs), applied)
+                await self._commit(records, [TopicPartition(tp.topic, self.shard, position(defs[-1])[2] + 1)])
+                self._store_applied(applied, [])
+                self.clock.evict()
+                continue
+            if ended:
+                return
+            self._fed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fed.wait(), 0.1)
+
+    def _store_applied(self, applied: list[Applied], timings: list[StateChange]) -> None:
+        """What a committed transaction changed: the definitions it applied and the
+        timings it wrote, into the shard's store."""
+        if not applied and not timings:
+            return
+        changes = [a.change for a in applied] + timings
+        self.store.write(
+            definitions=[(a.job_id, a.offset, a.observed_ms, a.raw) for a in applied],
+            states=[(c.job_id, c.offset, c.next_fire_ms, c.last_fire_ms, c.value is None)
+                    for c in changes],
+            positions=[(self.topics.job_definitions, applied[-1].offset + 1)] if applied else ())
+
+    async def _reconcile(self) -> None:
+        """Jobs whose stored timing was not computed from their definition: computed again
+        (every job, for the very first leader of a shard); timings of deleted jobs dropped."""
+        after = ""
+        while self._active:
+            rows = self.store.unreconciled(after, RECONCILE_PER_TRANSACTION)
+            if not rows:
+                break
+            after = rows[-1].job_id
+            changes = [StateChange(row.job_id, None) if row.raw is None else self.clock.recompute(_job(row))
+                       for row in rows]
+            await self._commit_states(changes)
+            self.clock.evict()
+
+    async def _commit_states(self, changes: list[StateChange]) -> None:
+        if not changes:
+            return
+        records = [self.out.state(c) for c in changes] + self.out.suspension_alerts()
+        await self._commit(records, None)
+        self._store_applied([], changes)
+
+    # -- the near window ------------------------------------------------------------
+
+    def _admit_window(self, since_ms: int | None) -> list[OutRecord]:
+        """Hold the jobs and retries due before the horizon (from `since_ms` on); returns
+        the fixes of retry records that do not read (dead letters and tombstones)."""
+        horizon = self.clock.horizon_ms
+        assert horizon is not None
+        for row in self.store.due_between(since_ms, horizon):
+            self.clock.admit(_job(row))
+        fixes: list[OutRecord] = []
+        for execution_id, _due, value, headers in self.store.retries_between(since_ms, horizon):
+            fixes += self._hold_retry(execution_id.encode(), value, headers)
+        return fixes
+
+    def _hold_retry(self, key: bytes, value: bytes, headers: str | None) -> list[OutRecord]:
         try:
-            consumer.seek(TopicPartition(tp.topic, 0, OFFSET_BEGINNING))
-        except KafkaException as exc:
-            # Not fetching yet (first term): the assignment already starts at 0.
-            log(logger, "definitions_rewind_skipped", logging.DEBUG, error=str(exc))
-        consumer.resume([tp])
+            request = RetryRequest.model_validate_json(value)
+            if str(request.execution_id) != key.decode():
+                raise ValueError("the key is not the record's execution_id")
+        except Exception as exc:
+            # A bad timer is dead-lettered and its key tombstoned, so no later leader sees
+            # it again; the store drops it with the tombstone.
+            log(logger, "retry_unreadable", logging.WARNING, shard=self.shard, key=key[:100],
+                error=str(exc)[:300])
+            self.store.write(retries=[(key.decode("utf-8", "replace"), None, None, None)])
+            return [self.out.dead_letter_retry(key, value, str(exc)), self._tombstone(key)]
+        if self.clock.add_retry(request) and headers:
+            self.out.retry_headers[str(request.execution_id)] = [
+                (k, v.encode()) for k, v in json.loads(headers)]
+        return []
+
+    async def _move_window(self, now_ms: int) -> None:
+        horizon = self.clock.horizon_ms
+        assert horizon is not None
+        if horizon - now_ms > WINDOW_MS // 2:
+            return
+        self.clock.horizon_ms = now_ms + WINDOW_MS
+        self._pending_fixes += self._admit_window(horizon)
+
+    async def _prepare_loop(self) -> None:
+        """Make held jobs ready to fire ahead of their time (parsed definition, rendered
+        fragments): a burst of jobs due in the same second then costs only its records."""
+        while self._active:
+            prepared = 0
+            for job in list(self.clock.jobs.values()):
+                if job._fragments is None:
+                    with contextlib.suppress(Exception):  # a bad one is suspended when due
+                        job.fragments()
+                    prepared += 1
+                    if prepared % PREPARE_PER_PASS == 0:
+                        await asyncio.sleep(0)
+            await asyncio.sleep(1.0)
 
     # -- retries --------------------------------------------------------------------
 
-    def _apply_retries(self, batch: Batch) -> None:
+    def _apply_retries(self) -> None:
+        messages, self._pending_retries = self._pending_retries, []
+        batch = self.inbound.batch(messages)
         for msg in batch.records:
-            self._apply_retry(batch, msg)
+            key = msg.key()
+            value = msg.value()
+            if key is None:
+                if value is not None:
+                    batch.reject(msg, "missing key")
+                continue
+            try:
+                execution_id = UUID(decode_key(key))
+            except (ValueError, DecodeError):
+                if value is not None:
+                    batch.reject(msg, "key is not an execution id")
+                    self._pending_fixes.append(self._tombstone(key))
+                continue
+            if value is None:
+                self.clock.cancel_retry(execution_id)
+                self.out.retry_headers.pop(str(execution_id), None)
+                self.store.write(retries=[(str(execution_id), None, None, None)],
+                                 positions=[(self.topics.retries, position(msg)[2] + 1)])
+                continue
+            request = batch.decode(RetryRequest, msg, key_field="execution_id")
+            if request is None:
+                self._pending_fixes.append(self._tombstone(key))
+                continue
+            headers = telemetry.carried(msg.headers())
+            self.store.write(retries=[(str(execution_id), int(request.due_at.timestamp() * 1000), value,
+                                       json.dumps([[k, v.decode("utf-8", "replace")] for k, v in headers])
+                                       if headers else None)],
+                             positions=[(self.topics.retries, position(msg)[2] + 1)])
+            if self.clock.add_retry(request):
+                self.out.retry_headers[str(request.execution_id)] = headers
         self._pending_fixes += batch.dead
 
-    def _apply_retry(self, batch: Batch, msg: Message) -> None:
-        # A bad timer is dead-lettered and its key tombstoned, so no later leader sees it
-        # again (a tombstone under a bad key is nothing to fix).
-        key = batch.read(_execution_key, msg, reject=msg.value() is not None)
-        if key is None:
-            if msg.value() is not None:
-                self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
-            return
-        if msg.value() is None:
-            self.clock.cancel_retry(key)
-            self.out.retry_headers.pop(str(key), None)
-            return
-        request = batch.decode(RetryRequest, msg, key_field="execution_id")
-        if request is None:
-            self._pending_fixes.append(OutRecord(self.topics.retries, msg.key(), None))
-            return
-        self.clock.add_retry(request)
-        self.out.retry_headers[str(request.execution_id)] = telemetry.carried(msg.headers())
-
-    async def _consume_retries(self) -> None:
-        """Follow `retries` for the term. Should it fail, the term fails with it (the service
-        takes over again): retry timers must never stop arriving silently."""
-        try:
-            await self._follow_retries()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.failed = exc
-            logger.exception("retries stopped", extra={"action": "leader_failed"})
-            self._wake.set()
-
-    async def _follow_retries(self) -> None:
-        assert self._retries_reader is not None
-        while self._active:
-            messages = await self._retries_reader.consume(1000, 0.1)
-            self._apply_retries(self.inbound.batch(messages))
-            if messages:
-                self._wake.set()
+    def _tombstone(self, key: bytes) -> OutRecord:
+        return OutRecord(self.topics.retries, key, None, partition=self.shard)
 
     # -- firing ---------------------------------------------------------------------
 
@@ -317,6 +445,9 @@ class Leader:
         ahead = self.settings.scheduler_fire_ahead_ms
         while self._active:
             now = time_ms()
+            await self._move_window(now)
+            if self._pending_retries:
+                self._apply_retries()
             due = self.clock.next_due_ms()
             if (not self._pending_defs and not self._pending_fixes
                     and (due is None or due > now + ahead)):
@@ -334,21 +465,23 @@ class Leader:
             last_round = time.monotonic()
             await self._round(now)
 
-    async def _round(self, now_ms: int) -> None:
+    async def _round(self, now_ms: int, ahead_ms: int | None = None) -> None:
         async with self._txn_lock:
             if not self._active:
                 return
             self.out.new_round()
-            # Bounded: a bulk upload of definitions takes several short transactions.
             defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
             del self._pending_defs[:DEFINITIONS_PER_ROUND]
-            records = self.out.definitions(self.inbound.batch(defs))
+            applied: list[Applied] = []
+            records = self.out.definitions(self.inbound.batch(defs), applied)
             records += self._pending_fixes
             self._pending_fixes = []
             offsets = None
             if defs:
-                offsets = [TopicPartition(self.topics.job_definitions, 0, position(defs[-1])[2] + 1)]
-            plan = self.clock.plan(now_ms, FIRE_LIMIT, self.settings.scheduler_fire_ahead_ms)
+                offsets = [TopicPartition(self.topics.job_definitions, self.shard,
+                                          position(defs[-1])[2] + 1)]
+            plan = self.clock.plan(now_ms, FIRE_LIMIT, self.settings.scheduler_fire_ahead_ms
+                                   if ahead_ms is None else ahead_ms)
             records += self.out.fires(plan, self._fire_spans)
             records += self.out.suspension_alerts()
             planned_ms = time_ms()
@@ -366,38 +499,15 @@ class Leader:
             for key in plan.fired_retries:
                 self.out.retry_headers.pop(str(key), None)
             self.clock.commit(plan)
-            metrics.SCHEDULER_JOBS.set(len(self.clock.jobs))
-            metrics.SCHEDULER_PENDING_RETRIES.set(len(self.clock.retries))
-            if plan.skipped:
-                metrics.MISFIRES.labels(outcome="skipped").inc(plan.skipped)
+            self._store_applied(applied, plan.states)
+            if plan.fired_retries:
+                self.store.write(retries=[(str(k), None, None, None) for k in plan.fired_retries])
+            self.clock.evict()
+            self.out.count_round(plan, now_ms, planned_ms)
             self._round_gap = next_round_gap(plan, now_ms)
-            if plan.dues:
-                committed_ms = time_ms()
-                retried = len(plan.fired_retries)
-                metrics.FIRES.labels(reason="RETRY").inc(retried)
-                metrics.FIRES.labels(reason="SCHEDULE").inc(len(plan.dues) - retried)
-                for fire in plan.dues:
-                    metrics.FIRE_LAG.observe(max(0, committed_ms - fire.scheduled_ms) / 1000)
-                log(logger, "jobs_fired", fired=len(plan.dues),
-                    max_lag_ms=committed_ms - min(d.scheduled_ms for d in plan.dues),
-                    plan_ms=planned_ms - now_ms, commit_ms=committed_ms - planned_ms,
-                    first_job_id=plan.dues[0].job_id,
-                    first_scheduled_ms=plan.dues[0].scheduled_ms)
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
         if not records and not offsets:
             return
         assert self._producer is not None
         await self._producer.commit(records, offsets, self._group_metadata)
-
-    def _group_metadata(self) -> Any:
-        return self.election.group_metadata()
-
-
-def _execution_key(_value: bytes | None, key: bytes | None) -> UUID:
-    """A `retries` record's key: the execution id of the attempt it times."""
-    try:
-        return UUID(decode_key(key))
-    except ValueError:
-        raise DecodeError("key is not an execution id") from None
-

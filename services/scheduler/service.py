@@ -1,32 +1,72 @@
-"""The scheduler service: leader election through the `job-definitions` consumer group.
+"""The scheduler service: one process among any number, leading some shards of the clock
+and standing by for others (docs/decisions/0039-the-clock-in-shards.md).
 
-Every instance joins the group `<prefix>scheduler` on the single-partition
-`job-definitions` topic (cooperative-sticky, so a joining standby never steals the
-partition); the instance holding partition 0 leads. Leadership is only *detected* this
-way: correctness comes from the leader's fenced transactional producer (leader.py).
-On revoke or loss the leader stops acting before the callback returns.
+1. Membership: every process joins the consumer group `<prefix>scheduler` (on the
+   one-partition `scheduler-members` topic): the group's coordinator says who is alive,
+   drops a process that stops heartbeating after `CRONSTREAM_SCHEDULER_SESSION_TIMEOUT_MS`,
+   and tells every member of every change at once (a rebalance).
+2. Roles: from the members, every process computes the same roles (shared/shards.py):
+   which process leads each shard, and which stand by for it — the processes that would
+   lead it should its leader go. So a takeover lands where the shard is kept warm.
+3. Warm standbys: the follower (follower.py) keeps the store of every shard the process
+   leads or stands by for current from Kafka. A new process warms the shards it will
+   lead before it joins the group.
+4. Leading: a shard leader (leader.py) fences the shard's previous leader through the
+   shard's own transactional.id, reads the tail, and fires. Its definitions come through
+   the process's definitions reader, which this loop routes by partition.
+
+Correctness never rests on the roles being agreed at every instant: two processes that
+both believe they lead a shard cannot both commit — the later one's init_transactions()
+fences the other, which steps down (and waits a session before trying again).
+
+SIGTERM hands over: each leader commits a last round (its ALLOW jobs' fires of the next
+second included: docs/decisions/0027), then the process leaves the group, and the standby
+takes over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import fcntl
 import logging
 import time
+from collections.abc import Awaitable
+from functools import partial
+from pathlib import Path
+from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
-from cronstream.services.scheduler.leader import Leader
+from cronstream.services.scheduler.follower import Follower
+from cronstream.services.scheduler.leader import ShardLeader
+from cronstream.services.scheduler.store import ShardStore
+from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Inbound
-from cronstream.shared.kafka.config import END_FETCH_WAIT_MS, consumer_config
+from cronstream.shared.kafka.config import END_FETCH_WAIT_MS, consumer_config, reader_config
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.errors import (
+    NOT_AUTHORIZED_HINT,
+    NotAuthorized,
+    kafka_error,
+    not_authorized,
+    settled,
+)
+from cronstream.shared.kafka.reading import position
 from cronstream.shared.logs import log
 from cronstream.shared.settings import Settings
+from cronstream.shared.shards import roles
 
 logger = logging.getLogger(__name__)
 
-OFFSET_BEGINNING = -2
+# How often the members are asked for even without a rebalance (a missed callback).
+MEMBERSHIP_SECONDS = 2.0
+METRICS_SECONDS = 5.0
+# A process joining warms the shards it will lead for at most this long before it joins.
+WARM_UP_PATIENCE = 600.0
 
 
 class SchedulerService:
@@ -38,99 +78,284 @@ class SchedulerService:
         self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
+        self.member = f"scheduler-{self.instance}"
+        self.group = f"{self.topics.prefix}scheduler"
         self.health = Health(self.name)
-        # Ready once the election group answered: as leader (after takeover) or standby.
-        self.health.require("election")
-        self.leader: Leader | None = None
-        self._assigned = False
-        self._retry_after = 0.0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._election: ConsumerThread | None = None
+        # Ready once the group answered and every shard it leads has taken over.
+        self.health.require("membership")
         self.inbound = Inbound(self.name, self.topics)
+        self.shards = 0
+        self.leaders: dict[int, ShardLeader] = {}
+        self.standby: set[int] = set()
+        self.stores: dict[int, ShardStore] = {}
+        self._retry_after: dict[int, float] = {}
+        self._membership_changed = asyncio.Event()
+        self._members: list[str] = []
+        self._lock_file: Any = None
+        self._follower: Follower | None = None
+        self._definitions: ConsumerThread | None = None
+        self._membership: ConsumerThread | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._ready_roles: tuple[frozenset[int], frozenset[int]] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        session = self.settings.scheduler_session_timeout_ms
-        conf = consumer_config(
-            self.settings,
-            f"scheduler-{self.instance}",
-            f"{self.topics.prefix}scheduler",
-            **{
-                "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": session,
-                "heartbeat.interval.ms": max(100, session // 5),
-                # Taking over waits for the end of the definitions (EOF): told promptly.
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": END_FETCH_WAIT_MS,
-            },
-        )
-        election = self._election = self.kafka.consumer(conf, "election")
-        await election.subscribe([self.topics.job_definitions], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
-        log(logger, "scheduler_standby", instance=self.instance)
+        self._event_loop = asyncio.get_running_loop()
+        self._data_dir().mkdir(parents=True, exist_ok=True)
+        self._lock()
+        follower = self._follower = Follower(self.topics, self.kafka.consumer(
+            reader_config(self.settings, f"{self.member}-follower"), "follower"))
+        # The definitions of the shards this process leads: assigned by hand, in the
+        # scheduler group (for its committed offsets), never subscribed.
+        definitions = self._definitions = self.kafka.consumer(consumer_config(
+            self.settings, f"{self.member}-definitions", self.group,
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": END_FETCH_WAIT_MS}), "definitions")
+        self.shards = await self._shard_count(definitions)
+        # Everything that writes the shard of a job counts as many shards as the topics hold.
+        self.topics = dataclasses.replace(self.topics, shards=self.shards)
+        tasks = [asyncio.create_task(follower.run(stopping), name="scheduler-follower")]
         try:
+            await self._warm_up(stopping)
+            membership = self._membership = self.kafka.consumer(self._membership_config(), "membership")
+            await membership.subscribe([self.topics.scheduler_members], on_assign=self._on_rebalance,
+                                       on_revoke=self._on_rebalance, on_lost=self._on_rebalance)
+            tasks += [asyncio.create_task(self._poll_membership(membership, stopping), name="membership"),
+                      asyncio.create_task(self._report(stopping), name="scheduler-metrics")]
+            log(logger, "scheduler_started", instance=self.instance, shards=self.shards,
+                standbys=self.settings.scheduler_standbys)
             while not stopping.is_set():
-                batch = self.inbound.batch(await election.consume(5000, 0.05))
+                await self._follow_roles()
+                batch = self.inbound.batch(await definitions.consume(5000, 0.05))
+                self._route(batch)
                 await self._follow_leadership()
-                if self.leader is not None:
-                    self.leader.feed(batch)  # a standby reads nothing but errors (logged)
         finally:
-            await self._stop_leader("shutdown")
-            await election.close()
+            await self._hand_over()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self._membership is not None:
+                await self._membership.close()  # leaves the group: the standbys take over
+            await definitions.close()
+            await follower.reader.close()
+            for store in self.stores.values():
+                store.close()
+            self._lock_file.close()  # releases the data directory
+
+    async def _hand_over(self) -> None:
+        """Stop every leader after a last round that fires its ALLOW jobs of the next
+        second ahead: the standby that takes over has them committed already."""
+        leaders, self.leaders = list(self.leaders.values()), {}
+        await asyncio.gather(*(leader.stop(hand_over=True) for leader in leaders),
+                             return_exceptions=True)
+        if leaders:
+            log(logger, "shards_handed_over", instance=self.instance,
+                shards=",".join(str(leader.shard) for leader in leaders))
+
+    def _data_dir(self) -> Path:
+        return Path(self.settings.scheduler_data_dir) / self.topics.prefix.rstrip(".") / self.instance
+
+    def _lock(self) -> None:
+        """One process per data directory: two would corrupt each other's stores."""
+        path = self._data_dir() / "lock"
+        self._lock_file = path.open("a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another scheduler uses {path.parent} (give each process its own "
+                               "--instance-id or CRONSTREAM_SCHEDULER_DATA_DIR)") from None
+
+    def _store(self, shard: int) -> ShardStore:
+        if shard not in self.stores:
+            self.stores[shard] = ShardStore(self._data_dir() / f"shard-{shard}.sqlite", shard)
+        return self.stores[shard]
+
+    async def _shard_count(self, reader: ConsumerThread) -> int:
+        """The clock's shards, as its topics hold them (they must agree: `cronstream init`)."""
+        t = self.topics
+        counts = {}
+        for topic in (t.job_definitions, t.scheduler_state, t.retries, t.scheduler_members):
+            found = await settled(partial(reader.partitions, topic), f"partitions of {topic}")
+            if not found:
+                raise RuntimeError(f"topic {topic} does not exist: run `cronstream init`")
+            counts[topic] = len(found)
+        shards = counts[t.job_definitions]
+        if counts[t.scheduler_state] != shards or counts[t.retries] != shards:
+            raise RuntimeError(f"{t.job_definitions}, {t.scheduler_state} and {t.retries} must have as many "
+                               f"partitions (one per shard of the clock); they have {shards}, "
+                               f"{counts[t.scheduler_state]} and {counts[t.retries]}")
+        return shards
+
+    async def _members_now(self) -> list[str]:
+        """The scheduler group's members, once its coordinator answers (a broker that starts
+        or moves the coordinator is waited out; a refused principal stops the service with
+        the reason)."""
+        def ask() -> Awaitable[list[str]]:
+            return asyncio.get_running_loop().run_in_executor(
+                None, self.kafka.group_members, self.settings, self.group)
+
+        try:
+            return await settled(ask, "members of the scheduler group")
+        except KafkaException as exc:
+            if not_authorized(kafka_error(exc)):
+                log(logger, "kafka_not_authorized", logging.ERROR, consumer="scheduler-membership",
+                    error=str(exc), hint=NOT_AUTHORIZED_HINT)
+                raise NotAuthorized(f"describing the scheduler group: {exc}: {NOT_AUTHORIZED_HINT}") from None
+            raise
+
+    def _membership_config(self) -> dict[str, Any]:
+        session = self.settings.scheduler_session_timeout_ms
+        return consumer_config(
+            self.settings, self.member, self.group,
+            **{"partition.assignment.strategy": "range",  # eager: every member hears every change
+               "session.timeout.ms": session,
+               "heartbeat.interval.ms": max(100, min(session // 10, 500))})
+
+    # -- membership and roles -----------------------------------------------------------
+
+    def _on_rebalance(self, _consumer: OnLane, _partitions: list[TopicPartition]) -> None:
+        # On the membership consumer's lane: the group changed. The roles are computed on
+        # the event loop, from the members the coordinator lists.
+        if self._event_loop is not None:
+            self._event_loop.call_soon_threadsafe(self._membership_changed.set)
+
+    async def _poll_membership(self, membership: ConsumerThread, stopping: asyncio.Event) -> None:
+        """Serve the membership consumer (its heartbeats and rebalances run inside
+        consume), and ask the coordinator who the members are whenever the group changed."""
+        last_asked = 0.0
+        while not stopping.is_set():
+            await membership.consume(10, 0.1)
+            if self._membership_changed.is_set() or time.monotonic() - last_asked > MEMBERSHIP_SECONDS:
+                self._membership_changed.clear()
+                last_asked = time.monotonic()
+                with contextlib.suppress(KafkaException):
+                    members = await self._members_now()
+                    if sorted(members) != self._members:
+                        self._members = sorted(members)
+                        log(logger, "scheduler_members", members=",".join(self._members))
+                    self.health.set("membership", self.member in self._members, "joining the group")
+
+    def _roles(self, members: list[str]) -> tuple[set[int], set[int]]:
+        mine = roles(members, self.shards, self.settings.scheduler_standbys).get(self.member)
+        if mine is None:
+            return set(), set()
+        return set(mine.leads), set(mine.standby)
+
+    async def _warm_up(self, stopping: asyncio.Event) -> None:
+        """Before joining: keep warm what this process will lead once it is a member, so
+        that the shards it takes from others are taken over warm."""
+        members = await self._members_now()
+        leads, standby = self._roles([*members, self.member])
+        if not members:
+            return  # the first process: nobody to take over from, nothing to wait for
+        assert self._follower is not None
+        for shard in leads | standby:
+            self._follower.follow(shard, self._store(shard), "standby")
+        self.standby = leads | standby
+        started = time.monotonic()
+        for shard in sorted(leads):
+            if stopping.is_set() or time.monotonic() - started > WARM_UP_PATIENCE:
+                break
+            await self._follower.caught_up(shard)
+        log(logger, "scheduler_warmed_up", instance=self.instance, shards=len(leads),
+            seconds=round(time.monotonic() - started, 3))
+
+    async def _follow_roles(self) -> None:
+        """Start leading what the roles give this process, stop leading what they take away,
+        and keep warm what it stands by for."""
+        assert self._follower is not None
+        leads, standby = self._roles(self._members) if self.member in self._members else (set(), set())
+        for shard in sorted(set(self.leaders) - leads):
+            await self._stop_leader(shard, "moved")
+        for shard in sorted(leads - set(self.leaders)):
+            if time.monotonic() >= self._retry_after.get(shard, 0.0):
+                await self._start_leader(shard)
+        for shard in sorted(standby - self.standby - set(self.leaders)):
+            self._follower.follow(shard, self._store(shard), "standby")
+        for shard in sorted(self.standby - standby - set(self.leaders)):
+            self._follower.forget(shard)
+        self.standby = standby - set(self.leaders)
+
+    async def _start_leader(self, shard: int) -> None:
+        assert self._follower is not None and self._definitions is not None
+        store = self._store(shard)
+        self._follower.follow(shard, store, "taking_over")
+        leader = ShardLeader(self.settings, shard, election=self._definitions, store=store,
+                             follower=self._follower, instance=self.instance, kafka=self.kafka,
+                             group_metadata=self._group_metadata)
+        self.leaders[shard] = leader
+        log(logger, "leader_elected", instance=self.instance, shard=shard)
+        leader.start()
+
+    async def _stop_leader(self, shard: int, reason: str) -> None:
+        leader = self.leaders.pop(shard, None)
+        if leader is None:
+            return
+        await leader.stop()
+        assert self._follower is not None
+        self._follower.forget(shard)
+        log(logger, "leader_stepped_down", instance=self.instance, shard=shard, reason=reason)
+
+    def _group_metadata(self) -> Any:
+        assert self._membership is not None
+        return self._membership.group_metadata()
 
     async def _follow_leadership(self) -> None:
-        leader = self.leader
-        if leader is not None and not leader.active:
-            await self._stop_leader("fenced" if leader.fenced else "failed")
-            # A fenced leader that still holds the partition waits a session before
-            # trying again: by then the group has told it whether it still leads. A failed
-            # term (a transaction that did not commit, a broker away) is retried soon: the
-            # new term's takeover rebuilds everything from Kafka.
-            wait = self.settings.scheduler_session_timeout_ms / 1000 if leader.fenced else 1.0
-            self._retry_after = time.monotonic() + wait
-        if self.leader is not None:
-            # A leader is ready once it has fenced its predecessor and read its state.
-            self.health.set("takeover", self.leader.ready.is_set(), "taking over leadership")
-        if self.leader is None and self._assigned and time.monotonic() >= self._retry_after:
-            assert self._election is not None
-            log(logger, "leader_elected", instance=self.instance)
-            self.leader = Leader(self.settings, self._election, self.instance, self.kafka)
-            self.leader.start()
-
-    async def _stop_leader(self, reason: str) -> None:
-        leader, self.leader = self.leader, None
-        self.health.set("takeover", True)
-        if leader is not None:
+        """A term that failed ends; a fenced leader waits a session before trying again (by
+        then the members say whether it still leads), a failed one a second."""
+        for shard, leader in list(self.leaders.items()):
+            if leader.active:
+                continue
+            self.leaders.pop(shard)
             await leader.stop()
-            log(logger, "leader_stepped_down", instance=self.instance, reason=reason)
+            wait = self.settings.scheduler_session_timeout_ms / 1000 if leader.fenced else 1.0
+            self._retry_after[shard] = time.monotonic() + wait
+            log(logger, "leader_stepped_down", instance=self.instance, shard=shard,
+                reason="fenced" if leader.fenced else "failed")
+        ready = all(leader.ready.is_set() for leader in self.leaders.values())
+        self.health.set("takeover", ready, "taking over shards")
+        roles = (frozenset(self.leaders), frozenset(self.standby))
+        if ready and self.member in self._members and roles != self._ready_roles:
+            self._ready_roles = roles
+            self._publish_metrics()
+            log(logger, "scheduler_ready", instance=self.instance, leads=len(self.leaders),
+                standby=len(self.standby), members=len(self._members))
 
-    # -- rebalance callbacks: run on the election thread, inside consume() --------------
+    def _route(self, batch: Any) -> None:
+        """The definitions batch, to the leader of each record's shard."""
+        by_shard: dict[int, list[Message]] = {}
+        for msg in batch.records:
+            by_shard.setdefault(position(msg)[1], []).append(msg)
+        for shard in set(by_shard) | {p for _t, p in batch.ended}:
+            leader = self.leaders.get(shard)
+            if leader is not None:
+                leader.feed(batch, by_shard.get(shard, []),
+                            (self.topics.job_definitions, shard) in batch.ended)
 
-    def _on_assign(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
-        self.health.set("election", True)
-        for tp in partitions:
-            tp.offset = OFFSET_BEGINNING  # the leader replays definitions from the start
-        consumer.incremental_assign(partitions)
-        if partitions:
-            # Held until the new leader has fenced its predecessor and read its state.
-            consumer.pause(partitions)
-            self._assigned = True
-            self._retry_after = 0.0
+    # -- visible ------------------------------------------------------------------------
 
-    def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
-        self._lose(partitions, "revoked")
-        consumer.incremental_unassign(partitions)
+    async def _report(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            self._publish_metrics()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), METRICS_SECONDS)
 
-    def _on_lost(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
-        self._lose(partitions, "lost")
-        consumer.incremental_unassign(partitions)
+    def _publish_metrics(self) -> None:
+        """The gauges, every few seconds and at once when the roles settle (a scrape right
+        after `scheduler_ready` sees the shards led)."""
+        assert self._follower is not None
+        led = [leader for leader in self.leaders.values() if leader.ready.is_set()]
+        # Every scheduler says how many shards there are, so that an alert compares
+        # the shards led, summed over the schedulers, with it (deploy/prometheus).
+        metrics.SCHEDULER_SHARDS.set(self.shards)
+        metrics.SCHEDULER_SHARDS_LED.set(len(led))
+        metrics.SCHEDULER_SHARDS_STANDBY.set(len(self.standby))
+        metrics.SCHEDULER_LEADER.set(1 if led else 0)
+        metrics.SCHEDULER_JOBS.set(sum(leader.store.count() for leader in led))
+        metrics.SCHEDULER_PENDING_RETRIES.set(sum(leader.store.retry_count() for leader in led))
+        metrics.SCHEDULER_SUSPENDED.set(sum(len(leader.clock.suspended) for leader in led))
+        metrics.SCHEDULER_HELD.set(sum(leader.jobs for leader in led))
+        metrics.SCHEDULER_STANDBY_LAG.set(self._follower.lag())
 
-    def _lose(self, partitions: list[TopicPartition], why: str) -> None:
-        if not partitions:
-            return
-        self._assigned = False
-        log(logger, "leadership_" + why, instance=self.instance)
-        if self.leader is not None and self._loop is not None:
-            # Stop acting before returning: the next leader may start right after.
-            future = asyncio.run_coroutine_threadsafe(self._stop_leader(why), self._loop)
-            future.result(timeout=60)

@@ -112,7 +112,7 @@ class Reporter:
         elif outcome.retryable:
             retry = next_attempt(run.due, done.completed_at, self._rng)
             records.append(OutRecord(self.topics.retries, str(retry.execution_id).encode(),
-                                     retry.to_json(), run.headers))
+                                     retry.to_json(), run.headers, self.topics.shard(retry.job_id)))
         error = outcome.error
         if status == "CANCELLED" and run.cancel.reason:
             error = run.cancel.reason if error in (None, "cancelled") else f"{run.cancel.reason}: {error}"

@@ -52,7 +52,7 @@ from cronstream.services.worker.logs import LogShipper
 from cronstream.services.worker.runner import CancelSignal, LinesFn, Outcome
 from cronstream.services.worker.slots import Slots
 from cronstream.shared import metrics
-from cronstream.shared.clients import REAL, KafkaClients
+from cronstream.shared.clients import REAL, KafkaClients, resolved_topics
 from cronstream.shared.fast_records import DueRecord, decode_due
 from cronstream.shared.health import Health
 from cronstream.shared.inbound import Batch, Inbound
@@ -196,6 +196,8 @@ class WorkerService:
 
     async def run(self, stopping: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
+        # Retry timers go to their job's shard of `retries`: as many as the clock has.
+        self.topics = self.reporter.topics = await resolved_topics(self.settings, self.kafka)
         await loop.run_in_executor(None, self.kafka.ensure_topics, self.settings,
                                    self.topics.work_specs(self.queues))
         await self.runner.start()

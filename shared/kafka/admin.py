@@ -91,3 +91,17 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
         isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout)
     ends = {tp.partition: future.result(timeout + 5).offset for tp, future in futures.items()}
     return [ends[p] for p in partitions]
+
+
+def group_members(settings: Settings, group: str, timeout: float = 10.0) -> list[str]:
+    """The client ids of a consumer group's live members (none while it is empty)."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout + 5)
+    return sorted(m.client_id for m in described.members)
+
+
+def partition_counts(settings: Settings, topics: list[str], timeout: float = 10.0) -> dict[str, int]:
+    """How many partitions each of `topics` that exists has."""
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    found = admin.list_topics(timeout=timeout).topics
+    return {t: len(found[t].partitions) for t in topics if t in found and found[t].error is None}

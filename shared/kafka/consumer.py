@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from cronstream.shared.kafka.errors import NOT_AUTHORIZED_HINT, NotAuthorized, not_authorized
 from cronstream.shared.lanes import CallTimedOut, Lane
 from cronstream.shared.logs import log
 
@@ -192,6 +193,11 @@ class ConsumerThread:
         """The partitions of `topic`, or None where it does not exist."""
         metadata = await self._call(self._consumer.list_topics, topic, timeout)
         found = metadata.topics.get(topic)
+        if found is not None and not_authorized(found.error):
+            # Refused, not missing: the principal's ACLs, said as such (the service stops).
+            log(logger, "kafka_not_authorized", logging.ERROR, consumer=self.name, topic=topic,
+                error=found.error.str(), hint=NOT_AUTHORIZED_HINT)
+            raise NotAuthorized(f"{self.name}: {topic}: {found.error.str()}: {NOT_AUTHORIZED_HINT}")
         if found is None or found.error is not None or not found.partitions:
             return None
         return sorted(found.partitions)

@@ -125,7 +125,7 @@ class ChaosRun:
             env["CRONSTREAM_TOPIC_MIN_INSYNC_REPLICAS"] = "2"
         return env
 
-    def start_system(self, workers: int = 2) -> None:
+    def start_system(self, workers: int = 2, schedulers: int = 1) -> None:
         """Topics and migrations (`cronstream init`), then every service, ready."""
         args = ["init"]
         if self.replication:
@@ -138,6 +138,8 @@ class ChaosRun:
         self.supervisor.add("monitor", ["monitor", "--instance-id", "monitor-1"], env)
         self.supervisor.add("dispatcher", ["dispatcher", "--instance-id", "dispatcher-1"], env)
         self.supervisor.add("scheduler", ["scheduler", "--instance-id", "scheduler-1"], env)
+        for i in range(2, schedulers + 1):  # more processes share the clock's shards
+            self.supervisor.add(f"scheduler-{i}", ["scheduler", "--instance-id", f"scheduler-{i}"], env)
         for i in range(1, workers + 1):
             self.supervisor.add(f"worker-{i}", ["worker", "--worker-id", f"worker-{i}",
                                                 "--import", HANDLER_MODULE], env)

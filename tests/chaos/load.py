@@ -105,7 +105,7 @@ def expected_fires(definitions: list[dict[str, Any]]) -> dict[UUID, Fire]:
 def publish(settings: Settings, definitions: list[dict[str, Any]]) -> None:
     """Publish the definitions as any Kafka client would (keyed by job_id)."""
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True})
+                         "enable.idempotence": True, "partitioner": "murmur2_random"})
     for definition in definitions:
         producer.produce(settings.topics.job_definitions, json.dumps(definition).encode(),
                          definition["job_id"].encode())

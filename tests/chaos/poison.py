@@ -90,7 +90,7 @@ def flood(settings: Settings, topics: list[str], total: int = 1000) -> Flood:
     garbage kinds in turn; `job-definitions` also gets the poison definitions."""
     result = Flood()
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True, "compression.type": "none",
+                         "partitioner": "murmur2_random", "enable.idempotence": True, "compression.type": "none",
                          "message.max.bytes": 1_048_576, "linger.ms": 20})
 
     def send(topic: str, key: bytes, value: bytes | None,

@@ -12,6 +12,8 @@ import ssl
 from functools import cache
 from typing import Any
 
+from cronstream.services.scheduler.service import SchedulerService
+from cronstream.shared.lifecycle import DEFAULT_SHUTDOWN_SECONDS
 from cronstream.shared.settings import ENV_PREFIX, SERVICE_PORTS, Settings, SettingsError
 from tests.deploy.manifests import (
     LONG_RUNNING_KINDS,
@@ -48,6 +50,16 @@ INSTANCE_NAMED = {"scheduler": "CRONSTREAM_INSTANCE_ID", "monitor": "CRONSTREAM_
 # alert again under its own alert_id. One replica, never autoscaled, and a Deployment
 # must replace its pod with `Recreate` (a RollingUpdate runs old and new side by side).
 SINGLE_INSTANCE = {"analytics"}
+# Services no autoscaler may scale: analytics runs once; the clock's work is bounded by
+# its shards and their jobs, not by a queue, and every process added or removed moves
+# shards (docs/deploy.md, "Why no autoscaler scales the clock").
+NOT_AUTOSCALED = {"analytics", "scheduler"}
+# After SIGTERM a scheduler hands its shards over and stops within its own shutdown
+# deadline (shared/lifecycle.py); the grace leaves this much more for the stack dump of a
+# stop that overran, before Kubernetes' SIGKILL.
+HANDOVER_MARGIN_SECONDS = 5
+# Volumes a pod has to itself: a scheduler's stores on one of them are its own.
+PER_POD_VOLUMES = ("emptyDir", "ephemeral")
 # The commands that read PostgreSQL: only their containers get the database URL (it
 # carries the database password).
 DATABASE_READERS = {"init", "monitor", "ui"}
@@ -336,9 +348,56 @@ def _single_instance(container: Container) -> list[str]:
     return problems
 
 
+def _mount_of(container: Container, path: str) -> dict[str, Any] | None:
+    """The volume mount `path` is in (the deepest one), or None: on the root filesystem."""
+    mounts = [m for m in container.spec.get("volumeMounts", [])
+              if path == m["mountPath"].rstrip("/") or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    return max(mounts, key=lambda m: len(m["mountPath"]), default=None)
+
+
+def _scheduler_shards(container: Container) -> list[str]:
+    """A scheduler keeps its shards' stores in a data directory of its own, on a writable
+    volume of its pod (a cache of Kafka: an emptyDir will do); it hands its shards over on
+    SIGTERM within its grace; there are two of them at least, or no shard has a standby."""
+    if not container.is_cronstream or container.argv[:1] != ["scheduler"]:
+        return []
+    workload = container.workload
+    problems = []
+    env = container.env(lambda _name, _key: "", workload.pod_name())
+    data_dir = env.get("CRONSTREAM_SCHEDULER_DATA_DIR")
+    mount = _mount_of(container, data_dir) if data_dir else None
+    volume: dict[str, Any] = next((v for v in workload.pod.get("volumes", [])
+                                   if mount and v["name"] == mount["name"]), {})
+    if not data_dir:
+        problems.append(f"{container}: CRONSTREAM_SCHEDULER_DATA_DIR is not set (the shards' stores "
+                        "would go to a default under /tmp, sized for temporary files)")
+    elif mount is None:
+        problems.append(f"{container}: CRONSTREAM_SCHEDULER_DATA_DIR={data_dir} is in no mounted volume "
+                        "(the root filesystem is read-only)")
+    elif mount.get("readOnly") or not any(kind in volume for kind in PER_POD_VOLUMES):
+        problems.append(f"{container}: CRONSTREAM_SCHEDULER_DATA_DIR={data_dir} is on volume "
+                        f"{mount['name']}, which is not a writable volume of the pod's own "
+                        f"({' or '.join(PER_POD_VOLUMES)})")
+    deadline = getattr(SchedulerService, "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS)
+    grace = workload.pod.get("terminationGracePeriodSeconds", 30)
+    if grace < deadline + HANDOVER_MARGIN_SECONDS:
+        problems.append(f"{container}: terminationGracePeriodSeconds {grace} < the scheduler's shutdown "
+                        f"deadline {deadline:g} + {HANDOVER_MARGIN_SECONDS} s (its shards' handover)")
+    if workload.replicas is not None and workload.replicas < 2:
+        problems.append(f"{container}: {workload.replicas} scheduler(s): no shard has a standby")
+    zones = [c for c in workload.pod.get("topologySpreadConstraints", [])
+             if c.get("topologyKey") == "topology.kubernetes.io/zone"
+             and matches(c.get("labelSelector", {}), workload.pod_labels)]
+    if not zones:
+        problems.append(f"{container}: no topology spread over topology.kubernetes.io/zone (a zone lost "
+                        "would take a shard's leader and its standby together)")
+    return problems
+
+
 CONTAINER_CHECKS = (_pod_security, _resources, _probes, _env, _service_links, _drain_grace,
                     _identity, _ca_mounted, _secrets_from_secrets, _database_url_only_where_read,
-                    _database_role, _ui_token_beside_header, _reachable_bind, _single_instance)
+                    _database_role, _ui_token_beside_header, _reachable_bind, _single_instance,
+                    _scheduler_shards)
 
 
 def _kafka_principals(objects: list[dict[str, Any]]) -> list[str]:
@@ -490,13 +549,34 @@ def _network_policies(objects: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def _single_instances_not_scaled(objects: list[dict[str, Any]]) -> list[str]:
-    single = {w.name for w in workloads(objects) for c in w.containers()
-              if c.is_cronstream and c.argv and c.argv[0] in SINGLE_INSTANCE}
-    return [f"{obj['kind']}/{obj['metadata']['name']}: scales {obj['spec']['scaleTargetRef']['name']}, "
-            "which must run as one instance"
+def _not_autoscaled(objects: list[dict[str, Any]]) -> list[str]:
+    commands = {w.name: c.argv[0] for w in workloads(objects) for c in w.containers()
+                if c.is_cronstream and c.argv and c.argv[0] in NOT_AUTOSCALED}
+    why = {"analytics": "which must run as one instance",
+           "scheduler": "the clock, whose work its shards bound, not a queue"}
+    return [f"{obj['kind']}/{obj['metadata']['name']}: scales {target}, {why[commands[target]]}"
             for kind in ("HorizontalPodAutoscaler", "ScaledObject") for obj in find(objects, kind)
-            if obj["spec"]["scaleTargetRef"]["name"] in single]
+            if (target := obj["spec"]["scaleTargetRef"]["name"]) in commands]
+
+
+def _scheduler_budget(objects: list[dict[str, Any]]) -> list[str]:
+    """A drain takes one scheduler at a time: two at once could take a shard's leader and
+    its standby together (a cold takeover, read from Kafka)."""
+    problems = []
+    for workload in workloads(objects):
+        if not any(c.is_cronstream and c.argv[:1] == ["scheduler"] for c in workload.containers()):
+            continue
+        for budget in find(objects, "PodDisruptionBudget"):
+            spec = budget["spec"]
+            if not matches(spec.get("selector", {}), workload.pod_labels):
+                continue
+            down = spec.get("maxUnavailable")
+            if down is None and isinstance(spec.get("minAvailable"), int) and workload.replicas:
+                down = workload.replicas - spec["minAvailable"]
+            if isinstance(down, str) or (down is not None and down > 1):
+                problems.append(f"PodDisruptionBudget/{budget['metadata']['name']}: lets {down} schedulers "
+                                "go at once (maxUnavailable: 1)")
+    return problems
 
 
 def problems(objects: list[dict[str, Any]]) -> list[str]:
@@ -510,7 +590,8 @@ def problems(objects: list[dict[str, Any]]) -> list[str]:
     found.extend(_spread(objects))
     found.extend(_disruption_budgets(objects))
     found.extend(_network_policies(objects))
-    found.extend(_single_instances_not_scaled(objects))
+    found.extend(_not_autoscaled(objects))
+    found.extend(_scheduler_budget(objects))
     found.extend(_kafka_principals(objects))
     return found
 

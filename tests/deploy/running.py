@@ -26,6 +26,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from cronstream.cli.schedulers_cmd import scheduler_rows
 from cronstream.shared.settings import Settings
 from tests.deploy.manifests import (
     LONG_RUNNING_KINDS,
@@ -75,9 +77,12 @@ def local_launcher(tmp: Path) -> tuple[list[str], dict[str, str]]:
     argv = dockerfile_entrypoint()
     local = Path(sys.executable).parent / argv[0]
     assert local.exists(), f"ENTRYPOINT {argv[0]} is not installed beside {sys.executable}"
+    # PYTHONPATH as the test has it: a worktree that shares another checkout's virtualenv
+    # (whose editable install points at that checkout) runs its own code.
+    path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
     return [str(local), *argv[1:]], {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "TMPDIR": str(tmp),
-        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **path,
     }
 
 
@@ -252,8 +257,9 @@ def make_roles(database_url: str, tmp: Path) -> None:
 
 def check_ui(cluster: Cluster, pods: dict[str, Pod], database_url: str, token: str) -> None:
     """Through the `cronstream-ui` Service's port: pages need a login (prod protects reads),
-    /jobs shows the job from PostgreSQL, and a trigger with the token of the Secret
-    `cronstream-ui` publishes to Kafka (the UI's own settings and credentials) and runs."""
+    /jobs shows the job from PostgreSQL, a trigger with the token of the Secret
+    `cronstream-ui` publishes to Kafka (the UI's own settings and credentials) and runs,
+    and /schedulers lists every scheduler pod from the scheduler group."""
     _, port = service_port(cluster, pods, "cronstream-ui")
     status, headers, _ = http_request(port, "/jobs")
     assert status == 303 and headers["location"].startswith("/login"), (status, headers)
@@ -285,13 +291,78 @@ def check_ui(cluster: Cluster, pods: dict[str, Pod], database_url: str, token: s
                timeout=90, message="the run triggered from the UI COMPLETED in PostgreSQL")
     status, _, page = http_request(port, f"/executions/{execution}", headers=bearer)
     assert status == 200 and "k8s-hello" in page and "COMPLETED" in page, (status, page[-2000:])
+    # The Schedulers page reads the scheduler group as the UI's own Kafka principal.
+    schedulers = sorted(p.pod_name for p in cluster.pods if p.container.argv[:1] == ["scheduler"])
+    status, _, page = http_request(port, "/schedulers", headers=bearer)
+    assert status == 200, (status, page[-2000:])
+    assert sorted(re.findall(r'data-scheduler-id="([^"]+)"', page)) == schedulers, page[-3000:]
+    assert 'class="unled"' not in page
+
+
+def scrape(pod: Pod, metric: str) -> float:
+    """One unlabelled gauge of a pod's /metrics (NaN when it is not there)."""
+    probe = pod.container.probes()["readinessProbe"]
+    status, body = http_get(pod.probe_port(probe), "/metrics")
+    found = re.search(rf"^{metric} (\S+)$", body, re.MULTILINE) if status == 200 else None
+    return float(found[1]) if found else float("nan")
+
+
+def check_schedulers(settings: Settings, schedulers: list[Pod]) -> None:
+    """Every scheduler pod is a member of the group under its own pod name, with stores of
+    its own in its data directory; together they lead every shard, each once, and keep a
+    standby of each (`cronstream schedulers`, and what each pod's metrics say it leads)."""
+    names = sorted(pod.pod_name for pod in schedulers)
+    assert len(set(names)) == len(schedulers) > 1, names
+
+    def roles() -> list[dict[str, Any]] | None:
+        rows, shards = scheduler_rows(settings)
+        if sorted(r["scheduler_id"] for r in rows) != names:
+            return None
+        assert shards == settings.scheduler_shards, shards
+        led = sorted(s for r in rows for s in r["leads"])
+        standing_by = sorted(s for r in rows for s in r["standby"])
+        assert led == standing_by == list(range(shards)), rows
+        assert all(set(r["leads"]).isdisjoint(r["standby"]) for r in rows), rows
+        return rows
+
+    rows = eventually(roles, timeout=60, interval=1.0, message=f"{names} members of the scheduler group")
+
+    def taken_over() -> bool:
+        led = [scrape(pod, "cronstream_scheduler_shards_led") for pod in schedulers]
+        return sum(led) == settings.scheduler_shards and all(n > 0 for n in led)
+
+    eventually(taken_over, timeout=90, interval=1.0, message="every shard led, by every scheduler")
+    assert {scrape(pod, "cronstream_scheduler_shards") for pod in schedulers} == {settings.scheduler_shards}
+    for pod in schedulers:
+        stores = Path(pod.env["CRONSTREAM_SCHEDULER_DATA_DIR"]) / settings.topic_prefix.rstrip(".") / pod.pod_name
+        (row,) = [r for r in rows if r["scheduler_id"] == pod.pod_name]
+        kept = {int(p.stem.removeprefix("shard-")) for p in stores.glob("shard-*.sqlite")}
+        assert set(row["leads"]) | set(row["standby"]) <= kept, (pod.pod_name, sorted(kept), row)
+
+
+def start_ready(cluster: Cluster, services: list[Workload]) -> tuple[dict[str, Pod], list[Pod]]:
+    """A pod of each service (by workload name), and the schedulers: as many as the
+    Deployment's replicas, each a pod of its own name (the downward API), sharing the
+    shards. Every one alive, then ready, on its own probes."""
+    pods = {w.name: cluster.start(w) for w in services}
+    first = pods["cronstream-scheduler"]
+    schedulers = [first, *(cluster.start(first.container.workload, i)
+                           for i in range(1, first.container.workload.replicas or 1))]
+    for pod in [*pods.values(), *schedulers[1:]]:
+        probes = pod.container.probes()
+        wait_probe(pod, "startupProbe" if "startupProbe" in probes else "livenessProbe")
+        wait_probe(pod, "livenessProbe")
+    for pod in [*pods.values(), *schedulers[1:]]:
+        wait_probe(pod, "readinessProbe")
+    return pods, schedulers
 
 
 def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher: Launcher) -> None:
-    """Init, then every service and the UI ready on their own probes, /metrics where each
-    Service points, a ONE_TIME job COMPLETED in PostgreSQL on the worker named after its
-    pod, the UI showing it and running it again, and every process stopped by SIGTERM with
-    exit code 0 within its terminationGracePeriodSeconds."""
+    """Init, then every service and the UI ready on their own probes (the schedulers as
+    many as their replicas, sharing the shards), /metrics where each Service points, a
+    ONE_TIME job COMPLETED in PostgreSQL on the worker named after its pod, the UI showing
+    it and running it again, and every process stopped by SIGTERM with exit code 0 within
+    its terminationGracePeriodSeconds."""
     prefix = f"k8s{uuid.uuid4().hex[:10]}."
     ui_token, scrape_token = uuid.uuid4().hex, uuid.uuid4().hex
     make_roles(database_url, tmp_path)
@@ -335,13 +406,7 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
                                    "WHERE table_name = 'job_executions'")
         assert tables[0]["n"] == 1, "init did not apply the migrations"
 
-        pods = {w.name: cluster.start(w) for w in services}
-        for pod in pods.values():
-            probes = pod.container.probes()
-            wait_probe(pod, "startupProbe" if "startupProbe" in probes else "livenessProbe")
-            wait_probe(pod, "livenessProbe")
-        for pod in pods.values():
-            wait_probe(pod, "readinessProbe")
+        pods, schedulers = start_ready(cluster, services)
 
         # What Prometheus scrapes: /metrics on the port each Service targets (the UI's with
         # its scrape token: its reads are protected).
@@ -357,6 +422,7 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
 
         settings = Settings(kafka_bootstrap_servers=kafka, database_url=database_url,
                             topic_prefix=prefix)
+        check_schedulers(settings, schedulers)
         run_now(settings, "k8s-hello", "noop", params={"from": "the manifests"})
         rows = eventually(
             lambda: sql(database_url, "SELECT status, worker_id, result FROM job_executions "
@@ -376,5 +442,10 @@ def run_prod_end_to_end(kafka: str, database_url: str, tmp_path: Path, launcher:
             print(f"\n----- {pod.pod_name} (exit {codes.get(pod.pod_name)}) -----\n{tail}")
         print(f"all stopped in {time.monotonic() - started:.1f}s; restarts: "
               f"{ {p.pod_name: p.restarts for p in cluster.pods if p.restarts} or 'none'}")
+        # The schedulers' stores: in a pod, on its emptyDir; here, under the host's /tmp.
+        for pod in cluster.pods:
+            if "CRONSTREAM_SCHEDULER_DATA_DIR" in pod.env:
+                shutil.rmtree(Path(pod.env["CRONSTREAM_SCHEDULER_DATA_DIR"]) / prefix.rstrip("."),
+                              ignore_errors=True)
     not_clean = {name: code for name, code in codes.items() if code != 0}
     assert not not_clean, f"not stopped cleanly within their grace: {not_clean}"

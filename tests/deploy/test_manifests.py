@@ -10,7 +10,9 @@ kustomize`, then:
   stable identities, references, secrets only from Secrets and the database URL only
   where PostgreSQL is read, as the command's own role, each part's own Kafka
   principal, no UI token beside an identity header, HTTP on the pod's address, one
-  analytics instance, topology spread, disruption budgets, network policies).
+  analytics instance, schedulers with stores of their own, a grace that covers their
+  handover and one down at a time, no autoscaler on the clock, topology spread,
+  disruption budgets, network policies).
 The Dockerfile is linted with hadolint.
 """
 
@@ -49,7 +51,7 @@ def test_every_overlay_renders_every_service_the_ui_and_init(
                 for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")
                 for c in o["spec"]["template"]["spec"]["containers"]}
     assert {"scheduler", "dispatcher", "worker", "monitor", "analytics", "ui", "init"} <= commands
-    assert only(objects, "Deployment", "cronstream-scheduler")["spec"]["replicas"] == 2
+    assert only(objects, "Deployment", "cronstream-scheduler")["spec"]["replicas"] == 3
     analytics = only(objects, "Deployment", "cronstream-analytics")["spec"]
     assert (analytics["replicas"], analytics["strategy"]["type"]) == (1, "Recreate")
 
@@ -281,12 +283,82 @@ def test_a_ui_without_spread_budget_or_network_policy_is_refused() -> None:
     del ui["spec"]["template"]["spec"]["topologySpreadConstraints"]
     objects.remove(only(objects, "PodDisruptionBudget", "cronstream-ui"))
     objects.remove(only(objects, "NetworkPolicy", "cronstream-ui"))
-    only(objects, "PodDisruptionBudget", "cronstream-scheduler")["spec"]["minAvailable"] = 2
+    budget = only(objects, "PodDisruptionBudget", "cronstream-scheduler")["spec"]
+    del budget["maxUnavailable"]
+    budget["minAvailable"] = 3
     found = "\n".join(invariants.problems(objects))
     assert "Deployment/cronstream-ui: 2 replicas and no topology spread" in found
     assert "Deployment/cronstream-ui: replicated, but no PodDisruptionBudget" in found
     assert "Deployment/cronstream-ui/ui: no NetworkPolicy selects it" in found
     assert "PodDisruptionBudget/cronstream-scheduler: blocks every node drain" in found
+
+
+def test_the_schedulers_share_the_shards_each_with_its_own_name_and_stores() -> None:
+    """Three schedulers, each a member named after its pod (unique among live pods) with
+    its shards' stores on a writable volume of its own; one down at a time in a drain,
+    spread over nodes and zones, ready once its shards are taken over, never autoscaled."""
+    for variant in ("dev", "prod"):
+        objects = render(*VARIANTS[variant])
+        scheduler = only(objects, "Deployment", "cronstream-scheduler")
+        spec = scheduler["spec"]
+        assert spec["replicas"] == 3
+        assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["CRONSTREAM_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        data_dir = env["CRONSTREAM_SCHEDULER_DATA_DIR"]["value"]
+        (mount,) = [m for m in container["volumeMounts"] if data_dir.startswith(m["mountPath"] + "/")]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert "emptyDir" in volume and not mount.get("readOnly")
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert {c["topologyKey"] for c in pod["topologySpreadConstraints"]} == \
+            {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        assert only(objects, "PodDisruptionBudget", "cronstream-scheduler")["spec"]["maxUnavailable"] == 1
+        config = {k: v for o in find(objects, "ConfigMap") for k, v in o.get("data", {}).items()}
+        assert "CRONSTREAM_INSTANCE_ID" not in config, "one id for every pod"
+        assert (config["CRONSTREAM_SCHEDULER_SHARDS"], config["CRONSTREAM_SCHEDULER_STANDBYS"]) == ("16", "1")
+        for kind in ("HorizontalPodAutoscaler", "ScaledObject"):
+            assert all(o["spec"]["scaleTargetRef"]["name"] != "cronstream-scheduler" for o in find(objects, kind))
+
+
+def test_a_scheduler_without_stores_of_its_own_a_short_grace_or_a_loose_budget_is_refused() -> None:
+    objects = _prod()
+    scheduler = only(objects, "Deployment", "cronstream-scheduler")
+    pod = scheduler["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 20
+    pod["topologySpreadConstraints"] = [c for c in pod["topologySpreadConstraints"]
+                                        if c["topologyKey"] != "topology.kubernetes.io/zone"]
+    container = pod["containers"][0]
+    container["env"] = [e for e in container["env"] if e["name"] != "CRONSTREAM_SCHEDULER_DATA_DIR"]
+    only(objects, "PodDisruptionBudget", "cronstream-scheduler")["spec"]["maxUnavailable"] = 2
+    objects.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                    "metadata": {"name": "cronstream-scheduler"},
+                    "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                "name": "cronstream-scheduler"}}})
+    found = "\n".join(invariants.problems(objects))
+    assert "cronstream-scheduler/scheduler: CRONSTREAM_SCHEDULER_DATA_DIR is not set" in found
+    assert "terminationGracePeriodSeconds 20 < the scheduler's shutdown deadline 25 + 5 s" in found
+    assert "no topology spread over topology.kubernetes.io/zone" in found
+    assert "PodDisruptionBudget/cronstream-scheduler: lets 2 schedulers go at once" in found
+    assert "HorizontalPodAutoscaler/cronstream-scheduler: scales cronstream-scheduler, the clock" in found
+
+    # Stores on the read-only root, or on a volume every replica would share.
+    for value, volume, expected in (
+        ("/var/lib/cronstream", None, "is in no mounted volume"),
+        ("/tmp/shards", {"persistentVolumeClaim": {"claimName": "shared"}}, "not a writable volume of the pod's own"),
+    ):
+        objects = _prod()
+        pod = only(objects, "Deployment", "cronstream-scheduler")["spec"]["template"]["spec"]
+        scheduler_env = pod["containers"][0]["env"]
+        next(e for e in scheduler_env if e["name"] == "CRONSTREAM_SCHEDULER_DATA_DIR")["value"] = value
+        if volume is not None:
+            pod["volumes"] = [{"name": "tmp", **volume}, *[v for v in pod["volumes"] if v["name"] != "tmp"]]
+        assert expected in "\n".join(invariants.problems(objects)), value
+    objects = _prod()
+    only(objects, "Deployment", "cronstream-scheduler")["spec"]["replicas"] = 1
+    assert "cronstream-scheduler/scheduler: 1 scheduler(s): no shard has a standby" in \
+        "\n".join(invariants.problems(objects))
 
 
 # -- Dockerfile -------------------------------------------------------------------------------

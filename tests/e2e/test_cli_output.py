@@ -29,8 +29,11 @@ def shell(settings: Settings, script: str, stdin: str | None = None) -> subproce
 
 
 def definitions_on_topic(settings: Settings) -> list[tuple[str, dict[str, object] | None]]:
-    return [((m.key() or b"").decode(), json.loads(value(m)) if m.value() else None)
-            for m in read_all(settings, settings.topics.job_definitions)]
+    """Every definition record, by job (the topic has a partition per shard: the order holds
+    within a job, not across jobs)."""
+    records = [((m.key() or b"").decode(), json.loads(value(m)) if m.value() else None)
+               for m in read_all(settings, settings.topics.job_definitions)]
+    return sorted(records, key=lambda record: record[0])
 
 
 def test_unreachable_database_exits_3_with_one_line(topics: Settings) -> None:

@@ -254,7 +254,7 @@ def test_approval_gates(processes: Processes, topics: Settings) -> None:
 
 
 def test_cycles_and_second_roots_are_refused(processes: Processes, topics: Settings, tmp_path: Path) -> None:
-    processes.start("scheduler", name="scheduler").wait_for_log("action=leader_ready")
+    processes.start("scheduler", name="scheduler").wait_for_log("action=scheduler_ready")
     defs = topics.topics.job_definitions
     produce_json(topics, defs, "r1", {"job_id": "r1", "type": "INTERVAL", "interval_seconds": 3600,
                                       "handler": "noop"})

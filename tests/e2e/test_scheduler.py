@@ -99,7 +99,7 @@ def test_misfire_policies_after_an_outage_longer_than_the_grace(
     processes: Processes, topics: Settings,
 ) -> None:
     scheduler = processes.start("scheduler", name="scheduler-1")
-    scheduler.wait_for_log("action=leader_ready")
+    scheduler.wait_for_log("action=scheduler_ready")
     for policy in ("FIRE_ONCE", "FIRE_ALL", "SKIP"):
         produce_json(topics, topics.topics.job_definitions, policy,
                      interval_job(policy, misfire_policy=policy, misfire_grace_seconds=1))
@@ -109,7 +109,7 @@ def test_misfire_policies_after_an_outage_longer_than_the_grace(
     last = {p: max(first_attempts(topics, p)) for p in ("FIRE_ONCE", "FIRE_ALL", "SKIP")}
     time.sleep(5)  # the outage itself (longer than the 1 s grace), not a synchronisation
     restarted_at = datetime.now(UTC)
-    processes.start("scheduler", name="scheduler-2").wait_for_log("action=leader_ready")
+    processes.start("scheduler", name="scheduler-2").wait_for_log("action=scheduler_ready")
     eventually(lambda: all(max(first_attempts(topics, p)) > restarted_at + timedelta(seconds=1)
                            for p in last), 30, message="fires after the restart")
 
@@ -123,7 +123,7 @@ def test_misfire_policies_after_an_outage_longer_than_the_grace(
 
 
 def test_pause_resume_delete_bounds_and_updates(processes: Processes, topics: Settings) -> None:
-    processes.start("scheduler", name="scheduler").wait_for_log("action=leader_ready")
+    processes.start("scheduler", name="scheduler").wait_for_log("action=scheduler_ready")
     defs = topics.topics.job_definitions
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
     produce_json(topics, defs, "bounded", interval_job(

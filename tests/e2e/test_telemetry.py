@@ -30,7 +30,7 @@ def test_one_trace_per_execution_from_fire_to_projection_with_linked_retry_and_d
     processes.start("monitor", extra_env=tracing)
     processes.start("dispatcher", extra_env=tracing).wait_for_log("action=dispatcher_started")
     scheduler = processes.start("scheduler", "--instance-id", "s1", extra_env=tracing)
-    scheduler.wait_for_log("action=leader_ready")
+    scheduler.wait_for_log("action=scheduler_ready")
     worker = processes.worker("w1", extra_env=tracing)
     produce_json(topics, topics.topics.job_definitions, "after-traced", {
         "job_id": "after-traced", "type": "DEPENDENT", "depends_on": ["traced"], "handler": "noop"})

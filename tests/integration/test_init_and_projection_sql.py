@@ -26,7 +26,9 @@ def test_topics_are_created_once_with_documented_partitions_and_configs(settings
     assert ensure_topics(settings, specs) == [], "a second init creates nothing"
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
     metadata = admin.list_topics(timeout=10).topics
-    assert len(metadata[settings.topics.job_definitions].partitions) == 1
+    t = settings.topics
+    for clock in (t.job_definitions, t.scheduler_state, t.retries):  # one partition per shard
+        assert len(metadata[clock].partitions) == settings.scheduler_shards
     assert len(metadata[settings.topics.job_due].partitions) == settings.topic_partitions
     assert len(metadata[settings.topics.execution_events].partitions) == settings.topic_partitions
 

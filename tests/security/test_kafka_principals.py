@@ -2,19 +2,24 @@
 
 On a broker of its own with SASL/SCRAM and KRaft's StandardAuthorizer, where nothing is
 allowed but the ACLs `cronstream kafka-acls --apply` creates: `cronstream init` creates
-the topics as the `init` principal (and the PostgreSQL roles), the scheduler, dispatcher,
-worker, monitor (as the database's writer), analytics and the dashboard (as its reader)
-run each under its own principal, a job published by the CLI's principal runs to
-COMPLETED, the dashboard's trigger runs it again, and a worker's `shell` handler runs
-only the commands of its `--allow-shell`, never an argv a record wrote. No process is refused anything on the way.
+the topics as the `init` principal (and the PostgreSQL roles), two schedulers (sharing
+the shards of the clock: the group on `scheduler-members`, a transactional id per
+shard), the dispatcher, worker, monitor (as the database's writer), analytics and the
+dashboard (as its reader) run each under its own principal, a job published by the CLI's
+principal runs to COMPLETED, the dashboard's trigger runs it again, `cronstream
+schedulers` (as the CLI) and the dashboard's Schedulers page list both schedulers, and a
+worker's `shell` handler runs only the commands of its `--allow-shell`, never an argv a
+record wrote. No process is refused anything on the way.
 Then every principal tries to write every topic: exactly its footprint's writes succeed
 (a worker cannot publish a job definition, the dashboard cannot write an execution
-event, ...), and a principal cannot take another's transactional id or consumer group.
+event, nobody writes `scheduler-members`, ...), and a principal cannot take another's
+transactional id (a shard's) or consumer group (the schedulers').
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,7 +43,7 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:subprocess \d+ is still running
 
 UI_TOKEN = "principals-ui-token-0123456789"
 TOPICS = ("job-definitions", "job-due", "execution-events", "execution-logs", "heartbeats", "retries",
-          "dead-letters", "scheduler-state", "dispatcher-state", "commands", "alerts",
+          "dead-letters", "scheduler-state", "scheduler-members", "dispatcher-state", "commands", "alerts",
           "work.normal.default")
 
 
@@ -88,11 +93,34 @@ def start_each_as_itself(procs: Processes, broker: SaslBroker, settings: Setting
         "ui": procs.start("ui", extra_env={**broker.env("ui"), "CRONSTREAM_DATABASE_URL": reader,
                                            "CRONSTREAM_UI_TOKEN": UI_TOKEN}),
     }
-    started["scheduler"].wait_for_log("action=leader_ready")
+    started["scheduler"].wait_for_log("action=scheduler_ready")
+    # A second scheduler joins the first: they share the shards (with two, one may lead
+    # both while the other keeps both warm), every shard led.
+    started["scheduler-2"] = procs.start("scheduler", "--instance-id", "s2", name="scheduler-2",
+                                         extra_env=broker.env("scheduler"))
+    schedulers = [started["scheduler"], started["scheduler-2"]]
+    eventually(lambda: sum(shards_led(p) for p in schedulers) == settings.scheduler_shards
+               and all(ready(p) for p in schedulers), 90, 0.5, message="every shard led, both ready")
     started["dispatcher"].wait_for_log("action=dispatcher_started")
     started["worker"].wait_for_log("action=partitions_assigned")
     started["monitor"].wait_for_log("action=partitions_assigned")
     return started
+
+
+def shards_led(scheduler: ServiceProcess) -> int:
+    try:
+        status, body = scheduler.get("/metrics")
+    except OSError:  # not serving yet
+        return 0
+    found = re.search(r"^cronstream_scheduler_shards_led (\S+)$", body, re.MULTILINE)
+    return int(float(found[1])) if status == 200 and found else 0
+
+
+def ready(service: ServiceProcess) -> bool:
+    try:
+        return service.get("/readyz")[0] == 200
+    except OSError:
+        return False
 
 
 def refused(call: Any, *args: Any) -> str:
@@ -147,6 +175,19 @@ def test_every_part_runs_under_its_own_principal_and_nothing_more(
                                timeout=30)
         assert triggered.status_code == 200, triggered.text
         eventually(lambda: finished("hello", 2), 90, message="the dashboard's trigger ran")
+
+        # Who leads which shard, as the CLI's principal and as the dashboard's: both only
+        # describe the scheduler group.
+        listed = cronstream(sasl, broker.env("cli"), "schedulers", "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)
+        assert sorted(r["scheduler_id"] for r in rows) == ["s1", "s2"], rows
+        assert sorted(n for r in rows for n in r["leads"]) == sorted(n for r in rows for n in r["standby"]) \
+            == list(range(sasl.scheduler_shards)), rows
+        page = httpx.get(f"{base}/schedulers", headers={"Authorization": f"Bearer {UI_TOKEN}"}, timeout=30)
+        assert page.status_code == 200, page.text
+        assert 'data-scheduler-id="s1"' in page.text and 'data-scheduler-id="s2"' in page.text
+        assert 'class="unled"' not in page.text
         eventually(lambda: started["analytics"].get("/readyz")[0] == 200, 60, message="analytics ready")
 
         for name, proc in started.items():
@@ -164,7 +205,8 @@ def test_every_part_runs_under_its_own_principal_and_nothing_more(
     as_worker = cronstream(sasl, broker.env("worker"), "apply", "-f", str(tmp_path / "one.json"))
     assert as_worker.returncode == 1 and "not authorized" in as_worker.stderr, as_worker.stderr
     misplaced = cronstream(sasl, broker.env("ui"), "scheduler", "--instance-id", "s9", "--http-port", "0")
-    assert misplaced.returncode != 0 and "action=kafka_not_authorized" in misplaced.stdout + misplaced.stderr
+    assert misplaced.returncode != 0 and "action=kafka_not_authorized" in misplaced.stdout + misplaced.stderr, \
+        (misplaced.returncode, (misplaced.stdout + misplaced.stderr)[-4000:])
 
 
 def only_their_own_writes(broker: SaslBroker, sasl: Settings) -> None:
@@ -177,15 +219,20 @@ def only_their_own_writes(broker: SaslBroker, sasl: Settings) -> None:
         assert {t for t, o in outcomes.items() if o == "ok"} == allowed, (part, outcomes)
         assert set(outcomes.values()) <= {"ok", "TOPIC_AUTHORIZATION_FAILED"}, (part, outcomes)
 
-    ui_as_worker = Producer({**broker.client_config("ui"), "transactional.id": f"{sasl.topic_prefix}worker-w1"})
-    assert refused(ui_as_worker.init_transactions, 10) == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
-    thief = Consumer({**broker.client_config("ui"), "group.id": f"{sasl.topic_prefix}workers"})
-    try:
-        thief.subscribe([f"{sasl.topic_prefix}work.normal.default"])
-        message = thief.poll(10)
-        assert message is not None
-        error = message.error()
-        assert error is not None and error.code() in (KafkaError.GROUP_AUTHORIZATION_FAILED,
-                                                      KafkaError.TOPIC_AUTHORIZATION_FAILED), error
-    finally:
-        thief.close()
+    for transactional_id in ("worker-w1", "scheduler-shard-0"):
+        ui_as_another = Producer({**broker.client_config("ui"),
+                                  "transactional.id": f"{sasl.topic_prefix}{transactional_id}"})
+        assert refused(ui_as_another.init_transactions, 10) == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", \
+            transactional_id
+    # Describing the scheduler group (the Schedulers page) is not joining it.
+    for group, topic in (("workers", "work.normal.default"), ("scheduler", "scheduler-members")):
+        thief = Consumer({**broker.client_config("ui"), "group.id": f"{sasl.topic_prefix}{group}"})
+        try:
+            thief.subscribe([f"{sasl.topic_prefix}{topic}"])
+            message = thief.poll(10)
+            assert message is not None, group
+            error = message.error()
+            assert error is not None and error.code() in (KafkaError.GROUP_AUTHORIZATION_FAILED,
+                                                          KafkaError.TOPIC_AUTHORIZATION_FAILED), (group, error)
+        finally:
+            thief.close()

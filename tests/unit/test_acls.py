@@ -43,3 +43,28 @@ def test_an_unknown_part_is_refused_and_the_commands_are_printed() -> None:
            "--resource-pattern-type literal" in out.output
     refused = CliRunner().invoke(cli, ["kafka-acls", "--principal", "nobody"])
     assert refused.exit_code == 2 and "PART=PRINCIPAL" in refused.output
+
+
+def test_the_sharded_scheduler_joins_its_group_and_commits_through_each_shards_transactional_id() -> None:
+    bindings = acls(Topics("acme."), principals())
+
+    def of(part: str) -> set[tuple[str, str, str, str]]:
+        return {(a.resource, a.pattern, a.name, a.operation) for a in bindings
+                if a.principal == f"User:cronstream-{part}"}
+
+    scheduler = of("scheduler")
+    assert {("TOPIC", "LITERAL", "acme.scheduler-members", "READ"),
+            ("GROUP", "LITERAL", "acme.scheduler", "READ"),
+            ("TRANSACTIONAL_ID", "PREFIXED", "acme.scheduler-shard-", "WRITE"),
+            ("TOPIC", "LITERAL", "acme.scheduler-state", "WRITE"),
+            ("TOPIC", "LITERAL", "acme.retries", "WRITE")} <= scheduler
+    assert not any(name == "acme.scheduler-leader" for _r, _p, name, _o in scheduler), "one leader no more"
+    assert not any(a.name == "acme.scheduler-members" and a.operation == "WRITE" for a in bindings), \
+        "the members topic holds no record: nobody writes it"
+    # Who lists the schedulers (the dashboard's page, `cronstream schedulers`) describes
+    # the group and counts the shards, and cannot join the group.
+    for part in ("ui", "cli"):
+        assert {("GROUP", "LITERAL", "acme.scheduler", "DESCRIBE"),
+                ("TOPIC", "LITERAL", "acme.job-definitions", "READ")} <= of(part), part
+        assert ("GROUP", "LITERAL", "acme.scheduler", "READ") not in of(part), part
+

@@ -25,7 +25,7 @@ SAMPLES: dict[str, str] = {
     "topic_min_insync_replicas": "2", "topic_replication_factor": "3",
     "worker_allow_shell": "/bin/true,/bin/echo", "ui_allowed_hosts": "a.example,b.example",
     "ui_token_login": "false", "ui_trusted_proxies": "10.0.0.0/8,127.0.0.1",
-    "ui_metrics_token": "m" * 20,
+    "ui_metrics_token": "m" * 20, "scheduler_data_dir": "/var/lib/cronstream/scheduler",
 }
 
 

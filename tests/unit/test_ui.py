@@ -1,20 +1,33 @@
 """The dashboard's pure parts: the Timeline agrees with the scheduler's clock, the DAG
-layout, sessions and CSRF tokens, and how values are shown."""
+layout, sessions and CSRF tokens, how values are shown, and the Schedulers page (read
+from Kafka at most once a period, each shard's roles, escaped)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from starlette.requests import Request
 
+from cronstream.errors import UnavailableError
 from cronstream.services.scheduler.clock import Clock
 from cronstream.shared.records import JobDefinition
 from cronstream.shared.schedule import from_epoch_ms, to_epoch_ms
-from cronstream.ui import graph
+from cronstream.ui import graph, views
+from cronstream.ui.app import template_env
 from cronstream.ui.auth import CSRF_COOKIE, SESSION_COOKIE, Auth
 from cronstream.ui.present import clip, duration, local, spark, status_class, utc
+from cronstream.ui.schedulers import (
+    CACHE_SECONDS,
+    Membership,
+    SchedulerRoles,
+    SchedulersUnavailable,
+    shard_table,
+)
 from cronstream.ui.timeline import Window, load, missed_fires, project_row
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -166,3 +179,118 @@ def test_values_as_shown() -> None:
     assert status_class("RUNNING") == "st-running" and status_class('"><script>') == "st-unknown"
     bars = spark(["COMPLETED", "FAILED"], [1.0, None])
     assert [b["h"] for b in bars] == [16.0, 8.0] and bars[1]["x"] == 5
+
+
+# -- the Schedulers page -------------------------------------------------------------------
+
+
+class Reads:
+    """A stand-in for `scheduler_rows`: counts its calls, answers what it is told."""
+
+    def __init__(self, *answers: tuple[list[dict[str, Any]], int] | Exception) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self) -> tuple[list[dict[str, Any]], int]:
+        self.calls += 1
+        self.release.wait(30)
+        answer = self.answers[min(self.calls, len(self.answers)) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+THREE = ([{"scheduler_id": "s1", "leads": [0, 3], "standby": [1, 2]},
+          {"scheduler_id": "s2", "leads": [1, 4], "standby": [3, 5]},
+          {"scheduler_id": "s3", "leads": [2, 5], "standby": [0, 4]}], 6)
+
+
+def test_the_schedulers_are_read_once_per_period_however_many_pages_ask() -> None:
+    now = [100.0]
+    reads = Reads(THREE, UnavailableError("cannot reach Kafka at k:9092: timed out"), ([], 6))
+    roles = SchedulerRoles(reads, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        first = await asyncio.gather(*(roles.get() for _ in range(20)))
+        assert reads.calls == 1 and all(m.schedulers == THREE[0] for m in first)
+        now[0] += CACHE_SECONDS - 0.1
+        await roles.get()
+        assert reads.calls == 1, "still fresh"
+        now[0] += 0.2
+        for _ in range(3):  # an outage is asked about once a period too
+            with pytest.raises(SchedulersUnavailable, match="cannot reach Kafka at k:9092"):
+                await roles.get()
+        assert reads.calls == 2
+        now[0] += CACHE_SECONDS
+        assert (await roles.get()).schedulers == []
+        assert reads.calls == 3
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        roles.close()
+
+
+def test_a_read_kafka_does_not_answer_is_waited_for_not_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("cronstream.ui.schedulers.READ_TIMEOUT_SECONDS", 0.2)
+    now = [0.0]
+    reads = Reads(THREE)
+    reads.release.clear()
+    roles = SchedulerRoles(reads, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        with pytest.raises(SchedulersUnavailable, match=r"did not answer within 0\.2 s"):
+            await roles.get()
+        now[0] += CACHE_SECONDS
+        with pytest.raises(SchedulersUnavailable):
+            await roles.get()
+        assert reads.calls == 1, "the read under way is the one waited for"
+        reads.release.set()
+        now[0] += CACHE_SECONDS
+        assert (await roles.get()).shards == 6
+        assert reads.calls == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        reads.release.set()
+        roles.close()
+
+
+def test_each_shard_shows_its_leader_and_standby_and_the_shards_nobody_leads() -> None:
+    table = shard_table(Membership(*THREE, T0))
+    assert [(s["shard"], s["leader"], s["standby"]) for s in table] == [
+        (0, "s1", ["s3"]), (1, "s2", ["s1"]), (2, "s3", ["s1"]),
+        (3, "s1", ["s2"]), (4, "s2", ["s3"]), (5, "s3", ["s2"])]
+    nobody = shard_table(Membership([], 4, T0))
+    assert all(s["leader"] is None and s["standby"] == [] for s in nobody) and len(nobody) == 4
+
+
+def page(template: str, **context: Any) -> str:
+    base = {"identity": None, "actions_enabled": False, "can_act": False, "csrf_field": "csrf",
+            "csrf_token": "t", "login_possible": False, "notice": "", "path": "/schedulers",
+            "here": "/schedulers"}
+    return template_env().get_template(template).render(**base, **context)
+
+
+def test_the_schedulers_page_names_every_role_and_escapes_what_kafka_clients_call_themselves() -> None:
+    hostile = '<img src=x onerror="alert(1)">'
+    roles = SchedulerRoles(lambda: ([{"scheduler_id": hostile, "leads": [0], "standby": []},
+                                     {"scheduler_id": "s2", "leads": [], "standby": [0]}], 2))
+    try:
+        context = asyncio.run(views.schedulers(roles, standbys=1))
+    finally:
+        roles.close()
+    assert (context["unled"], context["without_standby"]) == ([1], [])
+    html = page("schedulers.html", **context)
+    assert hostile not in html and "&lt;img src=x onerror=" in html
+    assert 'data-unled="1"' in html and "1 shard(s) without a leader (1)" in html
+    assert re.search(r'<tr data-shard="1" class="unled">', html)
+    empty = SchedulerRoles(lambda: ([], 16))
+    try:
+        none = page("schedulers.html", **asyncio.run(views.schedulers(empty, standbys=1)))
+    finally:
+        empty.close()
+    assert "No scheduler is running: none of the 16 shards fires." in none

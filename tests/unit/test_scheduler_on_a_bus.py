@@ -1,0 +1,231 @@
+"""A shard's leader on the in-memory bus (tests/unit/bus.py), with its store on disk and
+the follower that keeps it warm: takeover (fenced first, the tail read, unprocessed
+definitions validated, a poison one dead-lettered), the end of an empty shard, fencing
+by a newer leader of the same shard, and a second term that reads only the tail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, cast
+
+from confluent_kafka import TopicPartition
+
+from cronstream.services.scheduler.follower import Follower
+from cronstream.services.scheduler.leader import ShardLeader, transactional_id
+from cronstream.services.scheduler.store import ShardStore
+from cronstream.shared.clients import KafkaClients
+from cronstream.shared.inbound import DLQ_ERROR
+from cronstream.shared.producers import OutRecord, ProducerFenced
+from cronstream.shared.settings import Settings
+from cronstream.shared.shards import shard_of
+from tests.support import headers
+from tests.unit.bus import MemoryBus, MemoryConsumerThread, clients
+
+SETTINGS = Settings(topic_prefix="u.", topic_partitions=3, scheduler_shards=4,
+                    scheduler_fire_ahead_ms=0)
+T = SETTINGS.topics
+SHARD = 2
+
+
+@dataclass
+class Epochs:
+    """The broker's side of transactional ids: the newest init owns one."""
+
+    current: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class FencedProducer:
+    """A TransactionalProducer on the bus whose init fences the previous owner of its
+    transactional.id, as the broker does."""
+
+    bus: MemoryBus
+    epochs: Epochs
+    tid: str
+    epoch: int = 0
+    transactions: int = 0
+
+    async def init(self) -> None:
+        self.epoch = self.epochs.current[self.tid] = self.epochs.current.get(self.tid, 0) + 1
+
+    async def commit(self, records: Iterable[OutRecord], offsets: list[TopicPartition] | None = None,
+                     group_metadata: Any = None, attempts: int = 3) -> None:
+        if self.epochs.current[self.tid] != self.epoch:
+            raise ProducerFenced(f"{self.tid}: fenced by a newer epoch")
+        for r in records:
+            self.bus.append(r.topic, r.key, r.value, r.headers, r.partition)
+        for tp in offsets or []:
+            self.bus.committed[(tp.topic, tp.partition)] = tp.offset
+        self.transactions += 1
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class Shard:
+    bus: MemoryBus
+    store: ShardStore
+    follower: Follower
+    election: MemoryConsumerThread
+    kafka: KafkaClients
+    stopping: asyncio.Event
+    task: asyncio.Task[None]
+
+    def leader(self) -> ShardLeader:
+        return ShardLeader(SETTINGS, SHARD, election=cast(Any, self.election), store=self.store,
+                           follower=self.follower, instance="s1", kafka=self.kafka,
+                           group_metadata=lambda: "memory-group")
+
+    async def close(self) -> None:
+        self.stopping.set()
+        await self.task
+
+
+async def shard(bus: MemoryBus, tmp_path: Path, epochs: Epochs) -> Shard:
+    kafka = clients(bus)
+    kafka = KafkaClients(consumer=kafka.consumer, idempotent=kafka.idempotent,
+                         transactional=lambda conf: cast(Any, FencedProducer(bus, epochs,
+                                                                             conf["transactional.id"])),
+                         ensure_topics=kafka.ensure_topics, partition_counts=kafka.partition_counts)
+    store = ShardStore(tmp_path / f"shard-{SHARD}.sqlite", SHARD)
+    follower = Follower(T, cast(Any, MemoryConsumerThread(bus, "follower")))
+    stopping = asyncio.Event()
+    task = asyncio.create_task(follower.run(stopping))
+    election = MemoryConsumerThread(bus, "definitions", eof=True)
+    follower.follow(SHARD, store, "taking_over")
+    return Shard(bus, store, follower, election, kafka, stopping, task)
+
+
+async def feed_until_ready(s: Shard, leader: ShardLeader) -> None:
+    """Play the service's loop: hand the leader its definitions until it is ready."""
+    async with asyncio.timeout(20):
+        while not leader.ready.is_set():
+            if leader.failed is not None:
+                raise leader.failed
+            batch = leader.inbound.batch(await s.election.consume(100, 0))
+            leader.feed(batch, batch.records, (T.job_definitions, SHARD) in batch.ended)
+            await asyncio.sleep(0.001)
+
+
+def on_shard(name: str) -> str:
+    """A job id that starts with `name` and hashes to SHARD (murmur2: shared/shards.py)."""
+    return next(f"{name}-{i}" for i in range(1000) if shard_of(f"{name}-{i}", SETTINGS.scheduler_shards) == SHARD)
+
+
+DUE, POISON, LATER = on_shard("due-now"), on_shard("poison"), on_shard("later")
+MANY = [on_shard(f"j{i}") for i in range(51)]
+
+
+def one_time(job_id: str, at: datetime) -> bytes:
+    return json.dumps({"job_id": job_id, "type": "ONE_TIME", "run_at": at.isoformat(),
+                       "handler": "noop"}).encode()
+
+
+def bus_of() -> MemoryBus:
+    return MemoryBus.of(T)
+
+
+def test_a_new_leader_fences_validates_the_unprocessed_dead_letters_poison_and_fires(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bus, epochs = bus_of(), Epochs()
+        now = datetime.now(UTC)
+        bus.append(T.job_definitions, DUE.encode(), one_time(DUE, now - timedelta(seconds=1)),
+                   partition=SHARD)
+        bus.append(T.job_definitions, POISON.encode(), b"\xff not json", partition=SHARD)
+        bus.append(T.job_definitions, LATER.encode(), one_time(LATER, now + timedelta(days=3650)),
+                   partition=SHARD)
+        stray = bus.append(T.job_definitions, b"elsewhere", one_time("elsewhere", now), partition=SHARD)
+        s = await shard(bus, tmp_path, epochs)
+        leader = s.leader()
+        leader.start()
+        await feed_until_ready(s, leader)
+        assert epochs.current[transactional_id("u.", SHARD)] == 1, "fenced before it read anything"
+        async with asyncio.timeout(10):
+            while not bus.records(T.job_due):
+                await asyncio.sleep(0.01)
+        fired = bus.values(T.job_due)
+        assert [d["job_id"] for d in fired] == [DUE]
+        dead = {m.key(): headers(m)[DLQ_ERROR] for m in bus.records(T.dead_letters)}
+        assert dead.keys() == {POISON.encode(), b"elsewhere"}
+        assert "invalid JobDefinition" in dead[POISON.encode()]
+        # A definition another partitioner put on this shard: two shards could hold its job.
+        assert stray.key() == b"elsewhere" and "murmur2" in dead[b"elsewhere"]
+        assert bus.committed[(T.job_definitions, SHARD)] == 4, "every definition processed"
+        states = {m.key(): m.partition() for m in bus.records(T.scheduler_state)}
+        # The poison one is suspended (a state without a next fire); the stray one is not its.
+        assert states.keys() == {DUE.encode(), POISON.encode(), LATER.encode()}
+        assert set(states.values()) == {SHARD}
+        # The ten-years-ahead job waits on disk, not in memory.
+        assert LATER not in leader.clock.jobs and s.store.job(LATER) is not None
+        await leader.stop()
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_empty_shard_is_taken_over_at_the_end_of_its_partitions(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        s = await shard(bus_of(), tmp_path, Epochs())
+        leader = s.leader()
+        leader.start()
+        await feed_until_ready(s, leader)
+        assert leader.store.count() == 0 and leader.took_over_seconds is not None
+        await leader.stop()
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_fenced_by_a_newer_one_of_its_shard_stops_without_firing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bus, epochs = bus_of(), Epochs()
+        s = await shard(bus, tmp_path, epochs)
+        old = s.leader()
+        old.start()
+        await feed_until_ready(s, old)
+        epochs.current[transactional_id("u.", SHARD)] += 1  # another process took the shard
+        bus.append(T.job_definitions, DUE.encode(),
+                   one_time(DUE, datetime.now(UTC) - timedelta(seconds=1)), partition=SHARD)
+        async with asyncio.timeout(10):
+            while old.active:
+                batch = old.inbound.batch(await s.election.consume(100, 0))
+                old.feed(batch, batch.records, False)
+                await asyncio.sleep(0.01)
+        assert old.fenced and bus.records(T.job_due) == []
+        await old.stop()
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_second_term_reads_only_what_came_after_the_first(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bus, epochs = bus_of(), Epochs()
+        for job_id in MANY[:50]:
+            bus.append(T.job_definitions, job_id.encode(),
+                       one_time(job_id, datetime.now(UTC) + timedelta(days=1)), partition=SHARD)
+        s = await shard(bus, tmp_path, epochs)
+        first = s.leader()
+        first.start()
+        await feed_until_ready(s, first)
+        await first.stop()
+        states = len(bus.records(T.scheduler_state))
+        bus.append(T.job_definitions, MANY[50].encode(),
+                   one_time(MANY[50], datetime.now(UTC) + timedelta(days=1)), partition=SHARD)
+        s.follower.follow(SHARD, s.store, "taking_over")
+        second = s.leader()
+        second.start()
+        await feed_until_ready(s, second)
+        assert second._committed_offset == 50
+        assert len(bus.records(T.scheduler_state)) == states + 1, "one new job computed, none again"
+        assert s.store.count() == 51
+        await second.stop()
+        await s.close()
+
+    asyncio.run(scenario())
