@@ -1,36 +1,57 @@
 """cronstream: a distributed job scheduler on Apache Kafka.
 
-The public Python API is what this module exports (a test pins the list); everything
-else is internal:
+The public Python API is what this module exports (a test pins the list, and the methods
+of the clients); everything else is internal:
 
-- `Client` / `AsyncClient`: publish and control jobs, read executions (client.py);
+- `Client` / `AsyncClient`: publish and control jobs, read executions (client.py),
+  configured from `CRONSTREAM_*` or by plain arguments (`bootstrap_servers`,
+  `database_url`, `topic_prefix`, `kafka_config`, `timeout`);
 - `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `ExecutionEvent`,
-  `Execution`, `LogEntry` (a line of an execution's log): the records;
+  `Execution`, `LogEntry` (a line of an execution's log), `DefinitionVersion` (a version
+  in a job's history), `Command` (what cancel, approve and reject publish): the records;
 - `events`: consume `execution-events` from your own systems (`events.subscribe`);
 - `handler`, `Context`, `NonRetryableError`: write handlers for workers;
-- the errors: `CronstreamError` and its `DefinitionError`, `NotFoundError`,
-  `UnavailableError`.
+- the errors, each with its data as attributes: `CronstreamError` and its
+  `ConfigurationError` (`settings`), `DefinitionError` (`problems`, each a
+  `DefinitionProblem`: job_id, field, reason), `ParamsError` (`job_id`, `key`),
+  `NotFoundError` (`job_id`, `execution_id`, `version`, `attempt`), `UnavailableError`
+  (`service`, `server`) and `ResultOmittedError` (`execution_id`).
 """
 
 from cronstream import events
 from cronstream.client import AsyncClient, Client
-from cronstream.errors import CronstreamError, DefinitionError, NotFoundError, UnavailableError
+from cronstream.errors import (
+    ConfigurationError,
+    CronstreamError,
+    DefinitionError,
+    DefinitionProblem,
+    NotFoundError,
+    ParamsError,
+    UnavailableError,
+)
 from cronstream.executions import Execution, LogEntry
-from cronstream.handlers import Context, NonRetryableError, handler
-from cronstream.shared.records import ExecutionEvent, JobDefinition
+from cronstream.handlers import Context, NonRetryableError, ResultOmittedError, handler
+from cronstream.shared.records import Command, ExecutionEvent, JobDefinition
+from cronstream.versions import DefinitionVersion
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "Command",
+    "ConfigurationError",
     "Context",
     "CronstreamError",
     "DefinitionError",
+    "DefinitionProblem",
+    "DefinitionVersion",
     "Execution",
     "ExecutionEvent",
     "JobDefinition",
     "LogEntry",
     "NonRetryableError",
     "NotFoundError",
+    "ParamsError",
+    "ResultOmittedError",
     "UnavailableError",
     "events",
     "handler",

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
 
-from cronstream.errors import DefinitionError
+from cronstream.errors import DefinitionError, DefinitionProblem
 from cronstream.shared.codec import describe
 from cronstream.shared.dag import dag_problem
 from cronstream.shared.records import MAX_DEFINITION_BYTES, JobDefinition
@@ -50,34 +51,47 @@ def parse_definitions(documents: Iterable[Any], source: str = "input") -> list[J
             continue
         inner = doc["jobs"] if isinstance(doc, Mapping) and set(doc) == {"jobs"} else doc
         items.extend(inner if isinstance(inner, list) else [inner])
-    problems: list[str] = []
+    lines: list[str] = []
+    problems: list[DefinitionProblem] = []
     definitions: list[JobDefinition] = []
     for index, item in enumerate(items, start=1):
         job = item.get("job_id") if isinstance(item, Mapping) else getattr(item, "job_id", None)
         where = f"{source}: definition #{index}" + (f" (job_id {job!r})" if job else "")
+        named = job if isinstance(job, str) and job else None
         try:
             definitions.append(_one(item))
+        except DefinitionError as exc:
+            lines.append(f"{where}: {exc}")
+            problems += [replace(p, job_id=named, source=source, index=index) for p in exc.problems]
         except (TypeError, ValueError) as exc:
-            problems.append(f"{where}: {exc}")
+            lines.append(f"{where}: {exc}")
+            problems.append(DefinitionProblem(str(exc), named, None, source, index))
     seen: set[str] = set()
     for definition in definitions:
         if definition.job_id in seen:
-            problems.append(f"{source}: job_id {definition.job_id!r} is defined more than once")
+            lines.append(f"{source}: job_id {definition.job_id!r} is defined more than once")
+            problems.append(DefinitionProblem("defined more than once", definition.job_id,
+                                              "job_id", source))
         seen.add(definition.job_id)
-    if problems:
-        raise DefinitionError("\n".join(problems))
+    if lines:
+        raise DefinitionError("\n".join(lines), problems)
     if not definitions:
-        raise DefinitionError(f"{source}: no definitions found")
+        raise DefinitionError(f"{source}: no definitions found",
+                              [DefinitionProblem("no definitions found", source=source)])
     return definitions
 
 
 def _one(item: Any) -> JobDefinition:
+    """`item` as a definition; DefinitionError naming the fields at fault (the place is
+    the caller's to add)."""
     if isinstance(item, JobDefinition):
         # Built in code: the wire model keeps unknown fields, but a person's typo must
         # not pass silently.
         if item.model_extra:
-            names = ", ".join(sorted(item.model_extra))
-            raise ValueError(f"{names}: unknown field(s) of JobDefinition")
+            names = sorted(item.model_extra)
+            raise DefinitionError(f"{', '.join(names)}: unknown field(s) of JobDefinition",
+                                  [DefinitionProblem("unknown field of JobDefinition", field=name)
+                                   for name in names])
         return item
     if not isinstance(item, Mapping):
         raise TypeError(f"expected a mapping of fields, got {type(item).__name__}")
@@ -87,7 +101,10 @@ def _one(item: Any) -> JobDefinition:
     try:
         return JobDefinition.from_dict(item)
     except ValidationError as exc:
-        raise ValueError(describe(exc)) from None
+        raise DefinitionError(describe(exc), [
+            DefinitionProblem(error["msg"].removeprefix("Value error, "),
+                              field=".".join(str(p) for p in error["loc"]) or None)
+            for error in exc.errors(include_url=False)]) from None
 
 
 def _documents(text: str, source: str, as_json: bool) -> list[Any]:
@@ -95,7 +112,8 @@ def _documents(text: str, source: str, as_json: bool) -> list[Any]:
         return [json.loads(text)] if as_json else list(yaml.safe_load_all(text))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         kind = "JSON" if as_json else "YAML"
-        raise DefinitionError(f"{source}: not valid {kind}: {exc}") from None
+        raise DefinitionError(f"{source}: not valid {kind}: {exc}",
+                              [DefinitionProblem(f"not valid {kind}: {exc}", source=source)]) from None
 
 
 def load_definitions(path: str | Path) -> list[JobDefinition]:
@@ -124,7 +142,8 @@ def load_sources(paths: Iterable[str], stdin: TextIO | None = None) -> list[JobD
     """Definitions from files, directories and `-` (stdin), validated together: a job_id
     defined twice anywhere is an error, and any problem anywhere refuses the whole set."""
     documents: list[Any] = []
-    problems: list[str] = []
+    lines: list[str] = []
+    problems: list[DefinitionProblem] = []
     files = files_in(paths)
     if not files:
         raise DefinitionError("no definition files found (.yaml, .yml, .json)")
@@ -135,15 +154,17 @@ def load_sources(paths: Iterable[str], stdin: TextIO | None = None) -> list[JobD
             else:
                 text, source = Path(name).read_text(), name
         except OSError as exc:
-            problems.append(f"{name}: cannot read: {exc.strerror}")
+            lines.append(f"{name}: cannot read: {exc.strerror}")
+            problems.append(DefinitionProblem(f"cannot read: {exc.strerror}", source=name))
             continue
         try:
             loaded = _documents(text, source, source.endswith(".json"))
             documents += [_Sourced(source, doc) for doc in loaded if doc is not None]
         except DefinitionError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise DefinitionError("\n".join(problems))
+            lines.append(str(exc))
+            problems += exc.problems
+    if lines:
+        raise DefinitionError("\n".join(lines), problems)
     return _parse_sourced(documents, files)
 
 
@@ -158,23 +179,27 @@ def _parse_sourced(documents: list[_Sourced], files: list[str]) -> list[JobDefin
     by_source: dict[str, list[Any]] = {}
     for item in documents:
         by_source.setdefault(item.source, []).append(item.doc)
-    problems: list[str] = []
+    lines: list[str] = []
+    problems: list[DefinitionProblem] = []
     definitions: list[JobDefinition] = []
     where: dict[str, str] = {}
     for source, docs in by_source.items():
         try:
             parsed = parse_definitions(docs, source)
         except DefinitionError as exc:
-            problems.append(str(exc))
+            lines.append(str(exc))
+            problems += exc.problems
             continue
         for definition in parsed:
             if definition.job_id in where:
-                problems.append(f"{source}: job_id {definition.job_id!r} is also defined in "
-                                f"{where[definition.job_id]}")
+                lines.append(f"{source}: job_id {definition.job_id!r} is also defined in "
+                             f"{where[definition.job_id]}")
+                problems.append(DefinitionProblem(f"also defined in {where[definition.job_id]}",
+                                                  definition.job_id, "job_id", source))
             where[definition.job_id] = source
             definitions.append(definition)
-    if problems:
-        raise DefinitionError("\n".join(problems))
+    if lines:
+        raise DefinitionError("\n".join(lines), problems)
     if not definitions:
         raise DefinitionError(f"{', '.join(files)}: no definitions found")
     return definitions
@@ -191,10 +216,11 @@ def check_dags(new: list[JobDefinition], existing: Mapping[str, JobDefinition]) 
     def downstream(job_id: str) -> list[str]:
         return [d.job_id for d in merged.values() if job_id in d.depends_on]
 
-    problems = [f"job_id {d.job_id!r}: {problem}" for d in new
+    problems = [DefinitionProblem(problem, d.job_id, "depends_on") for d in new
                 if (problem := dag_problem(d.job_id, lookup, downstream)) is not None]
     if problems:
-        raise DefinitionError("\n".join(problems))
+        raise DefinitionError("\n".join(f"job_id {p.job_id!r}: {p.reason}" for p in problems),
+                              problems)
 
 
 def document(definition: JobDefinition, *, keep: Callable[[str, Any], bool] | None = None,

@@ -32,6 +32,8 @@ from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
+from cronstream.errors import CronstreamError
+
 __all__ = ["REGISTRY", "Context", "HandlerSpec", "NonRetryableError", "ResultOmittedError",
            "Upstream", "UpstreamResult", "handler"]
 
@@ -94,10 +96,15 @@ def handler(name: str, *, inline: bool = False) -> Callable[[Callable[..., Any]]
     return register
 
 
-class ResultOmittedError(LookupError):
+class ResultOmittedError(CronstreamError, LookupError):
     """The upstream's result was not carried with this step: its upstreams' results together
     were larger than the step's record may carry (128 KiB). The upstream's execution holds
-    it: `Client().execution(ctx.upstream[job_id].execution_id).result`."""
+    it: `Client().execution(ctx.upstream[job_id].execution_id).result`; `execution_id` is
+    that execution."""
+
+    def __init__(self, message: str, *, execution_id: UUID | None = None) -> None:
+        super().__init__(message)
+        self.execution_id = execution_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +124,8 @@ class UpstreamResult:
             raise ResultOmittedError(
                 f"the result of execution {self.execution_id} was not carried with this step "
                 "(its upstreams' results together pass 128 KiB): read it with "
-                f"Client().execution(UUID('{self.execution_id}')).result")
+                f"Client().execution(UUID('{self.execution_id}')).result",
+                execution_id=self.execution_id)
         return self._result
 
 

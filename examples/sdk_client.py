@@ -1,6 +1,9 @@
 """Publishing and controlling jobs from Python (mypy --strict clean: `make lint`).
 
     python examples/sdk_client.py          # against CRONSTREAM_* (default localhost)
+
+A client is configured by the environment (`Client()`) or in code:
+`Client(bootstrap_servers="kafka-1:9092", database_url="postgresql://...", topic_prefix="prod.")`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def with_the_sync_client() -> None:
             client.apply([{"job_id": "example.typo", "type": "INTERVAL",
                            "interval_seconds": 60, "handler": "noop", "max_retry": 3}])
         except DefinitionError as exc:
-            print(f"refused, nothing sent: {exc}")
+            for problem in exc.problems:  # here: job example.typo, field max_retry
+                print(f"refused, nothing sent: {problem.job_id}: {problem.field}: {problem.reason}")
         client.pause(definition.job_id)
         client.resume(definition.job_id)
         for run in client.runs(definition.job_id, limit=5):
@@ -46,7 +50,7 @@ async def with_the_async_client() -> None:
             execution = await client.trigger("example.every-minute")
             print(f"triggered: {execution}")
         except NotFoundError as exc:
-            print(exc)
+            print(f"no job {exc.job_id}")
 
 
 if __name__ == "__main__":

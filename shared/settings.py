@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -98,7 +98,12 @@ def default_worker_id() -> str:
 
 
 class SettingsError(ValueError):
-    """A setting is missing or invalid; the message names the variable."""
+    """A setting is missing or invalid; the message names the variable, `names` the
+    settings at fault (`topic_prefix`, ...)."""
+
+    def __init__(self, message: str, names: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
 
 
 class Settings(BaseModel):
@@ -262,7 +267,8 @@ class Settings(BaseModel):
                 f"{ENV_PREFIX}{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
                 for e in exc.errors()
             )
-            raise SettingsError(f"invalid settings: {problems}") from None
+            raise SettingsError(f"invalid settings: {problems}",
+                                dict.fromkeys(str(e["loc"][0]) for e in exc.errors() if e["loc"])) from None
 
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict that is safe to log."""

@@ -19,7 +19,8 @@ from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.infra_cmds import initialise
 from cronstream.cli.output import emit
 from cronstream.cli.view_cmds import fetch, runs_table
-from cronstream.client import Client, load_definitions
+from cronstream.client import Client
+from cronstream.definitions import load_definitions
 from cronstream.infra import Infra
 from cronstream.shared.health import serving_port
 from cronstream.shared.settings import SERVICE_PORTS

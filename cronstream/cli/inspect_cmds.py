@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from cronstream._plumbing import Plumbing
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.output import Column, ago, cell_text, emit, plain, plain_table, show, show_one
 from cronstream.client import Client
@@ -25,16 +26,16 @@ from cronstream.shared.schedule import first_fire, upcoming
 
 
 def _definition(client: Client, job_id: str) -> tuple[JobDefinition, Any]:
-    rows = client.fetch("get_definition", job_id)
+    rows = Plumbing(client).fetch("get_definition", job_id)
     if not rows:
-        raise NotFoundError(f"no job {job_id!r}")
+        raise NotFoundError(f"no job {job_id!r}", job_id=job_id)
     return JobDefinition.model_validate_json(rows[0]["definition"]), rows[0]
 
 
 def _execution(client: Client, execution_id: uuid.UUID) -> Execution:
     found = client.execution(execution_id)
     if found is None:
-        raise NotFoundError(f"no execution {execution_id}")
+        raise NotFoundError(f"no execution {execution_id}", execution_id=execution_id)
     return found
 
 
@@ -125,7 +126,8 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     """Definition, next fires, recent runs and DAG position of JOB_ID."""
     with state.client() as client:
         d, row = _definition(client, job_id)
-        downstream = [r["downstream_job_id"] for r in client.fetch("job_downstream_ids", job_id)]
+        downstream = [r["downstream_job_id"]
+                      for r in Plumbing(client).fetch("job_downstream_ids", job_id)]
         recent = client.runs(job_id, limit=n_runs) if n_runs else []
     _field("Job", d.job_id + (f"  ({d.name})" if d.name else ""))
     _field("Type", f"{d.type}: {_schedule_text(d)}")
@@ -184,10 +186,11 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
     """State, event timeline, attempts and DAG run of EXECUTION_ID."""
     with state.client() as client:
         e = _execution(client, execution_id)
-        timeline = client.fetch("execution_timeline", execution_id)
-        run = client.fetch("run_executions", e.run_id)
-        log_state = client.fetch("log_state", execution_id)[0]
-        traceback = client.fetch("last_traceback", execution_id)
+        reads = Plumbing(client)
+        timeline = reads.fetch("execution_timeline", execution_id)
+        run = reads.fetch("run_executions", e.run_id)
+        log_state = reads.fetch("log_state", execution_id)[0]
+        traceback = reads.fetch("last_traceback", execution_id)
     _field("Execution", str(e.execution_id))
     _field("Job", e.job_id)
     _field("Run", str(e.run_id))

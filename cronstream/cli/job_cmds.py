@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import click
 
+from cronstream._plumbing import Plumbing, client_identity
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.output import emit
 from cronstream.cli.run_params import given_params, params_options
 from cronstream.cli.view_cmds import fetch
-from cronstream.client import Client, client_identity
+from cronstream.client import Client
 from cronstream.definitions import check_dags, document, load_sources, without_stamps
 from cronstream.errors import DefinitionError, ParamsError
 from cronstream.shared.ids import retry_execution_id
-from cronstream.shared.records import CommandKind, JobDefinition
+from cronstream.shared.records import JobDefinition
 from cronstream.shared.schedule import first_fire, upcoming
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 from cronstream.versions import document_diff
@@ -186,7 +187,8 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
     overrides = given_params(params, params_file)
     settings = state.settings()
     with Client(settings) as client:
-        definition, offset = client.get_with_offset(job_id)
+        plumbing = Plumbing(client)
+        definition, offset = plumbing.get_with_offset(job_id)
         if definition.type == "DEPENDENT":
             raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
         fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)
@@ -204,8 +206,8 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
                 emit(f"  would run {fire.isoformat()}")
                 continue
             try:
-                execution = client.submit(definition, fire, "BACKFILL", params=overrides,
-                                          triggered_by=who, definition_offset=offset)
+                execution = plumbing.submit(definition, fire, "BACKFILL", params=overrides,
+                                            triggered_by=who, definition_offset=offset)
             except ParamsError as exc:
                 raise click.BadParameter(str(exc), param_hint="'--param' / '--params-file'") from None
             emit(f"  {fire.isoformat()}  execution {execution}")
@@ -232,7 +234,7 @@ def cancel(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
         attempt = row["attempt_number"] + 1
         target = retry_execution_id(row["job_id"], row["run_id"], attempt)
         with Client(settings) as client:
-            client.cancel_pending_retry(target, job_id=row["job_id"], reason=reason)
+            Plumbing(client).cancel_pending_retry(target, job_id=row["job_id"], reason=reason)
         emit(f"cancelled the pending retry (attempt {attempt}, execution {target}) "
                    f"of {execution_id}")
         return
@@ -262,9 +264,13 @@ def reject(state: CliState, execution_id: uuid.UUID, reason: str | None) -> None
     _decide(state, "REJECT", execution_id, reason)
 
 
-def _decide(state: CliState, kind: CommandKind, execution_id: uuid.UUID, reason: str | None) -> None:
+def _decide(state: CliState, kind: Literal["APPROVE", "REJECT"], execution_id: uuid.UUID,
+            reason: str | None) -> None:
     with Client(state.settings()) as client:
-        client.command(kind, execution_id, reason)
+        if kind == "APPROVE":
+            client.approve(execution_id, reason)
+        else:
+            client.reject(execution_id, reason)
     emit(f"{kind.lower()} sent for {execution_id}")
 
 

@@ -30,7 +30,8 @@ def scheduler_rows(settings: Settings) -> tuple[list[dict[str, Any]], int]:
         shards = partition_counts(settings, [topics.job_definitions]).get(topics.job_definitions)
         members = group_members(settings, f"{topics.prefix}scheduler")
     except KafkaException as exc:
-        raise UnavailableError(f"cannot reach Kafka at {settings.kafka_bootstrap_servers}: {exc}") from None
+        raise UnavailableError(f"cannot reach Kafka at {settings.kafka_bootstrap_servers}: {exc}",
+                               service="kafka", server=settings.kafka_bootstrap_servers) from None
     if shards is None:
         raise click.ClickException(f"topic {topics.job_definitions} does not exist: run `cronstream init`")
     assigned = roles(members, shards, settings.scheduler_standbys)

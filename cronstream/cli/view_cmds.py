@@ -15,6 +15,7 @@ import click
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from cronstream._plumbing import Plumbing
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.output import (
     STATUS_STYLE,
@@ -47,8 +48,9 @@ def fetch(settings: Settings, name: str, *args: Any, timeout: float = 10.0) -> l
             conn = await asyncpg.connect(settings.database_url, timeout=timeout)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UnavailableError(f"cannot reach PostgreSQL at "
-                                   f"{redact_url(settings.database_url)}: {reason}") from None
+            url = redact_url(settings.database_url)
+            raise UnavailableError(f"cannot reach PostgreSQL at {url}: {reason}",
+                                   service="postgresql", server=url) from None
         try:
             return await conn.fetch(query(name), *args)
         finally:
@@ -119,7 +121,7 @@ def read_jobs(client: Client) -> list[Row]:
         "next_execution_at": r["next_execution_at"], "last_status": r["last_status"],
         "last_scheduled_at": r["last_scheduled_at"], "finished_24h": r["finished_24h"],
         "succeeded_24h": r["succeeded_24h"], "updated_at": r["updated_at"],
-    } for r in client.fetch("jobs_list")]
+    } for r in Plumbing(client).fetch("jobs_list")]
 
 
 @click.command()
@@ -188,7 +190,8 @@ WORKER_COLUMNS = [
 
 
 def read_workers(client: Client) -> list[Row]:
-    return [dict(r) | {"queues": list(r["queues"])} for r in client.fetch("workers_overview")]
+    return [dict(r) | {"queues": list(r["queues"])}
+            for r in Plumbing(client).fetch("workers_overview")]
 
 
 @click.command()
@@ -220,7 +223,7 @@ ALERT_COLUMNS = [
 def read_alerts(client: Client, state_filter: str | None, job_id: str | None,
                 limit: int) -> list[Row]:
     return [dict(r) | {"evidence": json.loads(r["evidence"]) if r["evidence"] else {}}
-            for r in client.fetch("alerts_list", state_filter, job_id, limit)]
+            for r in Plumbing(client).fetch("alerts_list", state_filter, job_id, limit)]
 
 
 @click.command()
@@ -275,7 +278,8 @@ def tail(state: CliState, job_id: str | None, from_beginning: bool, count: int |
             metadata = consumer.list_topics(topic, timeout=state.timeout).topics.get(topic)
         except KafkaException as exc:
             raise UnavailableError(f"cannot reach Kafka at {settings.kafka_bootstrap_servers}: "
-                                   f"{exc.args[0].str() if exc.args else exc}") from None
+                                   f"{exc.args[0].str() if exc.args else exc}", service="kafka",
+                                   server=settings.kafka_bootstrap_servers) from None
         if metadata is None or metadata.error is not None:
             raise click.ClickException(f"topic {topic} does not exist: run `cronstream init`")
         start = -2 if from_beginning else -1

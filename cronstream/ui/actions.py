@@ -83,11 +83,11 @@ class Actions:
 
     async def approve(self, execution_id: UUID, job_id: str, reason: str | None, by: str) -> None:
         await self._run("approve", str(execution_id), by,
-                        lambda c: c.command("APPROVE", execution_id, reason, job_id, issued_by=by))
+                        lambda c: c.approve(execution_id, reason, issued_by=by, job_id=job_id))
 
     async def reject(self, execution_id: UUID, job_id: str, reason: str | None, by: str) -> None:
         await self._run("reject", str(execution_id), by,
-                        lambda c: c.command("REJECT", execution_id, reason, job_id, issued_by=by))
+                        lambda c: c.reject(execution_id, reason, issued_by=by, job_id=job_id))
 
     def close(self) -> None:
         def shutdown() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from cronstream.client import load_definitions
+from cronstream.definitions import load_definitions
 from cronstream.shared.settings import Settings
 from tests.support import env_for, eventually, sql
 

@@ -20,6 +20,7 @@ from cronstream import (
     DefinitionError,
     JobDefinition,
     NotFoundError,
+    ParamsError,
     UnavailableError,
 )
 from cronstream.shared.settings import Settings
@@ -49,8 +50,9 @@ def test_async_client_inside_asyncio_run(topics: Settings) -> None:
             command = await client.cancel(execution, "not needed")
             assert command.execution_id == execution
             await client.approve(uuid.uuid4())
-            with pytest.raises(NotFoundError, match="no job 'missing'"):
+            with pytest.raises(NotFoundError, match="no job 'missing'") as missing:
                 await client.pause("missing")
+            assert (missing.value.job_id, missing.value.execution_id) == ("missing", None)
             assert await client.runs() == [] and await client.execution(execution) is None
             await client.delete("other")
             assert await client.get("other") is None
@@ -124,17 +126,44 @@ def test_runs_reads_the_projection(topics: Settings) -> None:
 
 
 def test_unreachable_servers_raise_unavailable(topics: Settings) -> None:
-    closed_db = topics.model_copy(update={"database_url": "postgresql://postgres@127.0.0.1:1/x"})
+    closed_db = topics.model_copy(update={"database_url": "postgresql://postgres:pw@127.0.0.1:1/x"})
     with Client(closed_db, timeout=2) as client, \
-            pytest.raises(UnavailableError, match=r"cannot reach PostgreSQL at postgresql://postgres@127\.0\.0\.1:1/x"):
+            pytest.raises(UnavailableError, match=r"cannot reach PostgreSQL at postgresql://postgres:\*\*\*@127\.0\.0\.1:1/x") as db:
         client.runs()
+    assert (db.value.service, db.value.server) == ("postgresql", "postgresql://postgres:***@127.0.0.1:1/x")
     closed_kafka = topics.model_copy(update={"kafka_bootstrap_servers": "127.0.0.1:1"})
     with Client(closed_kafka, timeout=1) as client, \
-            pytest.raises(UnavailableError, match=r"cannot reach Kafka at 127\.0\.0\.1:1"):
+            pytest.raises(UnavailableError, match=r"cannot reach Kafka at 127\.0\.0\.1:1") as kafka:
         client.apply([JOB])
+    assert (kafka.value.service, kafka.value.server) == ("kafka", "127.0.0.1:1")
     missing = topics.model_copy(update={"topic_prefix": f"missing{uuid.uuid4().hex[:6]}."})
     with Client(missing) as client, pytest.raises(CronstreamError, match="run `cronstream init`"):
         client.delete("x")
+
+
+def test_a_client_configured_by_plain_arguments_reaches_the_deployment_they_name(
+        topics: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No settings object: the servers and the topic prefix as arguments, over whatever
+    the environment says."""
+    monkeypatch.setenv("CRONSTREAM_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("CRONSTREAM_TOPIC_PREFIX", "elsewhere.")
+    with Client(bootstrap_servers=topics.kafka_bootstrap_servers, database_url=topics.database_url,
+                topic_prefix=topics.topic_prefix, kafka_config={"client.rack": "r1"},
+                timeout=5) as client:
+        assert client.apply([JOB]) == ["nightly"]
+        assert client.runs("nightly") == []
+        execution = client.trigger("nightly", params={"region": "eu"})
+        with pytest.raises(ParamsError) as bad:
+            client.trigger("nightly", params={"when": object()})
+        assert (bad.value.job_id, bad.value.key) == ("nightly", "when")
+        with pytest.raises(NotFoundError) as unknown:
+            client.version("nightly", 99)
+        assert (unknown.value.job_id, unknown.value.version) == ("nightly", 99)
+        with pytest.raises(NotFoundError) as no_log:
+            list(client.logs(execution, attempt=3))
+        assert (no_log.value.execution_id, no_log.value.attempt) == (execution, 3)
+    assert [k for k, _ in on_topic(topics, topics.topics.job_definitions)] == ["nightly"]
+    assert [m.key() for m in read_all(topics, topics.topics.job_due)] == [b"nightly"]
 
 
 def test_client_logs_reads_a_page_only_once_the_one_before_is_consumed(
@@ -163,7 +192,7 @@ def test_client_logs_reads_a_page_only_once_the_one_before_is_consumed(
         return counted
 
     with Client(settings) as client:
-        monkeypatch.setattr(client._async, "fetch", counting(client._async.fetch))
+        monkeypatch.setattr(client._async._plumbing, "fetch", counting(client._async._plumbing.fetch))
         lines = iter(client.logs(execution))
         assert pages == [], "nothing is read before the first line is asked for"
         assert next(lines).text == "line 0"
@@ -175,7 +204,7 @@ def test_client_logs_reads_a_page_only_once_the_one_before_is_consumed(
 
     async def first_line() -> str:
         async with AsyncClient(settings) as client:
-            monkeypatch.setattr(client, "fetch", counting(client.fetch))
+            monkeypatch.setattr(client._plumbing, "fetch", counting(client._plumbing.fetch))
             async with contextlib.aclosing(client.logs(execution)) as lines:
                 return (await anext(lines)).text
 

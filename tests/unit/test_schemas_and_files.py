@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from cronstream.client import DefinitionError, load_definitions
-from cronstream.definitions import check_dags
+from cronstream.definitions import check_dags, load_definitions
+from cronstream.errors import DefinitionError
 from cronstream.handlers import Context, Upstream, UpstreamResult
 from cronstream.shared.schemagen import MODELS, render
 

@@ -1,4 +1,4 @@
-"""Settings from the environment, the retry policy, and the pinned public API."""
+"""Settings from the environment and the retry policy (the pinned public API: test_exports.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import cronstream
 from cronstream.shared.records import JobDue, JobSnapshot
 from cronstream.shared.retry import attempts_left, next_attempt, retry_delay
 from cronstream.shared.settings import Settings, SettingsError
@@ -62,12 +61,3 @@ def test_next_attempt_keeps_run_and_key_and_is_deterministic() -> None:
     assert (a.attempt_number, a.run_id, a.idempotency_key, a.reason) == (2, first.run_id, "k", "RETRY")
     assert failed_at + timedelta(seconds=0.8) <= a.due_at <= failed_at + timedelta(seconds=1.2)
     assert attempts_left(due(2, 2)) and not attempts_left(due(3, 2))
-
-
-def test_public_api_is_pinned() -> None:
-    assert sorted(cronstream.__all__) == [
-        "AsyncClient", "Client", "Context", "CronstreamError", "DefinitionError", "Execution",
-        "ExecutionEvent", "JobDefinition", "LogEntry", "NonRetryableError", "NotFoundError",
-        "UnavailableError", "events", "handler"]
-    assert all(hasattr(cronstream, name) for name in cronstream.__all__)
-    assert cronstream.events.__all__ == ["ExecutionEvent", "Subscription", "subscribe"]
