@@ -5,7 +5,9 @@ on the same machine and the same servers: what "within noise of before" rests on
     BENCH_BEFORE_TREE=/work/before python -m bench.side_by_side   # make bench-side-by-side
 
 Each cell runs `python -m bench.e2e_throughput` for one rate in each tree (before first,
-then this one), each with its own virtualenv, 30 s windows (BENCH_SECONDS). Cells:
+then this one), each with its own virtualenv, 30 s windows (BENCH_SECONDS): each tree's
+own benchmark, so a tree older than the projection's lag sampling (bench/lag.py) reports
+none, and its cells show "–" there. Cells:
 BENCH_CELLS, `CONCURRENCYxRATE[:HANDLER]` separated by commas. Writes
 bench/results/side_by_side.json, which `bench.report` puts into docs/benchmarks.md.
 """
@@ -55,7 +57,9 @@ def main() -> None:
                 "after": _run(HERE, concurrency, rate, handler, seconds)}
         cells.append({"concurrency": concurrency, "offered_per_second": rate, "handler": handler, **pair})
         print(f"{cell}: " + "; ".join(
-            f"{name} {r['completed_per_second']:.1f}/s p99 {r['start_lag_ms']['p99']:.0f} ms "
+            f"{name} {r['completed_per_second']:.1f}/s (shown {r.get('shown_per_second', '–')}/s) "
+            f"p99 {r['start_lag_ms']['p99']:.0f} ms, projection lag max "
+            f"{(r.get('projection_lag') or {}).get('seconds', {}).get('max', '–')} s, "
             f"{r['cpu_us_per_execution']['total']:.1f} µs" for name, r in pair.items()), flush=True)
     write_result("side_by_side", {"before_commit": _commit(before), "after_commit": _commit(HERE),
                                   "window_seconds": int(seconds), "cells": cells})
