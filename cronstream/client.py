@@ -47,7 +47,8 @@ import asyncpg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import ValidationError
 
-from cronstream.definitions import check_dags, load_definitions, parse_definitions
+from cronstream.calendar_files import CalendarLike, parse_calendars
+from cronstream.definitions import check_calendars, check_dags, load_definitions, parse_definitions
 from cronstream.errors import (
     CronstreamError,
     DefinitionError,
@@ -66,6 +67,7 @@ from cronstream.shared.kafka.reading import read_to_end
 from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import (
     DELETED_BY_HEADER,
+    Calendar,
     Command,
     CommandKind,
     DueReason,
@@ -78,7 +80,7 @@ from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
-from cronstream.versions import DefinitionVersion
+from cronstream.versions import CalendarVersion, DefinitionVersion
 
 __all__ = [
     "AsyncClient", "Client", "DefinitionError", "NotFoundError", "UnavailableError",
@@ -145,6 +147,8 @@ class AsyncClient:
         parsed = parse_definitions(list(definitions), "apply")
         if any(d.type == "DEPENDENT" for d in parsed):
             check_dags(parsed, await self.definitions())
+        if any(d.calendar is not None for d in parsed):
+            check_calendars(parsed, await self.calendars())
         now, who = datetime.now(UTC), client_identity()
         stamped = []
         for definition in parsed:
@@ -175,6 +179,19 @@ class AsyncClient:
     async def _located(self) -> dict[str, tuple[JobDefinition, int]]:
         """Every current definition with its offset on `job-definitions` (which names its
         version: `history`)."""
+        found: dict[str, tuple[JobDefinition, int]] = {}
+        for job_id, (value, offset) in (await self._latest(self.topics.job_definitions)).items():
+            if value is None or len(value) > MAX_RECORD_BYTES:
+                continue
+            try:
+                found[job_id] = (JobDefinition.model_validate_json(value), offset)
+            except ValidationError:
+                continue  # dead-lettered by the scheduler; the job is suspended
+        return found
+
+    async def _latest(self, topic: str) -> dict[str, tuple[bytes | None, int]]:
+        """The latest record of each key of the compacted `topic` (every partition), read
+        to its end: value (None: a tombstone) and offset."""
         latest: dict[str, tuple[bytes | None, int]] = {}
 
         def keep(messages: builtins.list[Message]) -> None:
@@ -183,7 +200,6 @@ class AsyncClient:
                 if key is not None:
                     latest[key.decode("utf-8", "replace")] = (msg.value(), msg.offset() or 0)
 
-        topic = self.topics.job_definitions
         await self._check_topics([topic])
         reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
         try:
@@ -196,15 +212,7 @@ class AsyncClient:
                                    f"{self.settings.kafka_bootstrap_servers}: {_reason(exc)}") from None
         finally:
             await reader.close()
-        found: dict[str, tuple[JobDefinition, int]] = {}
-        for job_id, (value, offset) in latest.items():
-            if value is None or len(value) > MAX_RECORD_BYTES:
-                continue
-            try:
-                found[job_id] = (JobDefinition.model_validate_json(value), offset)
-            except ValidationError:
-                continue  # dead-lettered by the scheduler; the job is suspended
-        return found
+        return latest
 
     async def list(self) -> list[JobDefinition]:
         """Every current definition, by job_id."""
@@ -243,6 +251,59 @@ class AsyncClient:
 
     async def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
         return await self.set_enabled(job_id, True, by)
+
+    # -- calendars (Kafka; their history: PostgreSQL) ----------------------------------
+
+    async def apply_calendars(self, calendars: Iterable[CalendarLike]) -> builtins.list[str]:
+        """Validate every calendar (models or mappings), then publish them all; returns their
+        calendar_ids. Raises DefinitionError naming the calendar and the field, and sends
+        nothing, when any is invalid. The jobs that name a calendar are re-planned by the
+        schedulers as soon as they read its new version."""
+        parsed = parse_calendars(builtins.list(calendars), "apply_calendars")
+        now, who = datetime.now(UTC), client_identity()
+        stamped = [c.model_copy(update={"created_by": c.created_by or who,
+                                        "created_at": c.created_at or now}) for c in parsed]
+        await self._send([OutRecord(self.topics.calendars, c.calendar_id.encode(), c.to_json(),
+                                    new_headers()) for c in stamped])
+        return [c.calendar_id for c in stamped]
+
+    async def apply_calendar(self, calendar: CalendarLike) -> str:
+        """Validate one calendar and publish it (`apply_calendars`)."""
+        return (await self.apply_calendars([calendar]))[0]
+
+    async def calendars(self) -> dict[str, Calendar]:
+        """Every current calendar, read from `calendars` to its end."""
+        found: dict[str, Calendar] = {}
+        for calendar_id, (value, _) in (await self._latest(self.topics.calendars)).items():
+            if value is None or len(value) > MAX_RECORD_BYTES:
+                continue
+            try:
+                found[calendar_id] = Calendar.model_validate_json(value)
+            except ValidationError:
+                continue  # dead-lettered by the monitor
+        return found
+
+    async def calendar(self, calendar_id: str) -> Calendar:
+        """The current calendar `calendar_id`; NotFoundError when there is none."""
+        found = (await self.calendars()).get(calendar_id)
+        if found is None:
+            raise NotFoundError(f"no calendar {calendar_id!r}")
+        return found
+
+    async def delete_calendar(self, calendar_id: str, by: str | None = None) -> None:
+        """Delete a calendar: a tombstone on `calendars`, naming who deleted it. The jobs
+        that name it stop firing until it is applied again."""
+        who = (by or client_identity())[:256].encode()
+        await self._send([OutRecord(self.topics.calendars, calendar_id.encode(), None,
+                                    [*new_headers(), (DELETED_BY_HEADER, who)])])
+
+    async def calendar_history(self, calendar_id: str) -> builtins.list[CalendarVersion]:
+        """Every version of a calendar, oldest first (from PostgreSQL); NotFoundError when
+        none is kept."""
+        versions = [CalendarVersion.from_row(r) for r in await self.fetch("calendar_history", calendar_id)]
+        if not versions:
+            raise NotFoundError(f"no calendar {calendar_id!r} (no version of it is kept)")
+        return versions
 
     # -- executions -----------------------------------------------------------------
 
@@ -571,6 +632,26 @@ class Client:
 
     def get_with_offset(self, job_id: str) -> tuple[JobDefinition, int]:
         return self._run(self._async.get_with_offset(job_id))
+
+    def apply_calendars(self, calendars: Iterable[CalendarLike]) -> builtins.list[str]:
+        """Validate every calendar, then publish them all (AsyncClient.apply_calendars)."""
+        return self._run(self._async.apply_calendars(builtins.list(calendars)))
+
+    def apply_calendar(self, calendar: CalendarLike) -> str:
+        return self._run(self._async.apply_calendar(calendar))
+
+    def calendars(self) -> dict[str, Calendar]:
+        return self._run(self._async.calendars())
+
+    def calendar(self, calendar_id: str) -> Calendar:
+        return self._run(self._async.calendar(calendar_id))
+
+    def delete_calendar(self, calendar_id: str, by: str | None = None) -> None:
+        self._run(self._async.delete_calendar(calendar_id, by))
+
+    def calendar_history(self, calendar_id: str) -> builtins.list[CalendarVersion]:
+        """Every kept version of a calendar (AsyncClient.calendar_history)."""
+        return self._run(self._async.calendar_history(calendar_id))
 
     def trigger(self, job_id: str, at: datetime | None = None, *,
                 params: Mapping[str, Any] | None = None, by: str | None = None) -> UUID:

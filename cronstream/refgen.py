@@ -139,7 +139,8 @@ def _text_rules(prop: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-_FORMATS = {"date-time": "time (RFC 3339)", "date": "date (YYYY-MM-DD)", "uuid": "UUID", "password": "secret text"}
+_FORMATS = {"date-time": "time (RFC 3339)", "date": "date (YYYY-MM-DD)", "uuid": "UUID",
+            "password": "secret text"}
 
 
 def _text(prop: Mapping[str, Any]) -> str:

@@ -37,8 +37,8 @@ from cronstream.shared.calendars import MAX_EXCLUDED_DAYS, CalendarMissingError,
 from cronstream.shared.cron import CronExpression, compiled, resolve_local
 from cronstream.shared.records import JobDefinition, zone_named
 
-__all__ = ["Fire", "StoredTiming", "Timing", "excluded_instants", "first_fire", "from_epoch_ms",
-           "jitter_ms", "next_fire", "next_interval_fire_ms", "plan_next", "runs_left",
+__all__ = ["Excluded", "Fire", "StoredTiming", "Timing", "excluded_instants", "first_fire", "from_epoch_ms",
+           "jitter_ms", "next_fire", "next_interval_fire_ms", "plan_next", "planned", "runs_left",
            "to_epoch_ms", "to_millis", "upcoming"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -440,16 +440,16 @@ def _next_on_grid(anchor: datetime, interval_seconds: int, after: datetime) -> d
 
 
 def upcoming(definition: JobDefinition, after: datetime, count: int, *,
-             calendar: ResolvedCalendar | None = None, fired: int = 0) -> list[datetime]:
-    """The next `count` fires after `after` (for `preview`), at most the runs left of
-    `max_runs` after `fired` fires."""
+             calendar: ResolvedCalendar | None = None, fired: int | None = None) -> list[datetime]:
+    """The next `count` fires after `after` (for `preview`); given how many times the job
+    has `fired`, at most the runs its `max_runs` leaves (preview assumes 0)."""
     return [f.at for f in planned(definition, after, count, calendar=calendar, fired=fired)]
 
 
 def planned(definition: JobDefinition, after: datetime, count: int, *,
-            calendar: ResolvedCalendar | None = None, fired: int = 0) -> list[Fire]:
+            calendar: ResolvedCalendar | None = None, fired: int | None = None) -> list[Fire]:
     """`upcoming`, with each fire's nominal instant and calendar move."""
-    left = runs_left(definition.max_runs, fired)
+    left = None if fired is None else runs_left(definition.max_runs, fired)
     if left is not None:
         count = min(count, left)
     fires: list[Fire] = []
