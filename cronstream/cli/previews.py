@@ -97,7 +97,8 @@ def preview_of(definition: JobDefinition, after: datetime, count: int,
             p.fires = [] if first is None else [Fire(first, _nominal_of_one_time(definition))]
         else:
             p.fires = planned(definition, after, count, calendar=calendar, fired=0)
-        until = p.fires[-1].nominal if len(p.fires) == count else after + _EXCLUDED_HORIZON
+        # Up to the last fire shown (after it, what is excluded is not this preview's).
+        until = p.fires[-1].nominal if p.fires else after + _EXCLUDED_HORIZON
         p.excluded = excluded_instants(definition, after, until, calendar, count)
     except ValueError as exc:
         raise click.ClickException(f"{definition.job_id}: {exc}") from None
