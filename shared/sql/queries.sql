@@ -577,7 +577,7 @@ RETURNING version;
 -- The current form of calendar $1 at version $4 ($3 NULL: deleted at $6).
 INSERT INTO calendars AS c (calendar_id, timezone, definition, version, created_by, updated_at,
                             deleted_at)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, CASE WHEN $3::jsonb IS NULL THEN $6 END)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6::timestamptz, CASE WHEN $3::jsonb IS NULL THEN $6::timestamptz END)
 ON CONFLICT (calendar_id) DO UPDATE SET
     timezone = COALESCE(EXCLUDED.timezone, c.timezone), definition = EXCLUDED.definition,
     version = EXCLUDED.version, created_by = EXCLUDED.created_by,
