@@ -221,8 +221,10 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
         definition, offset = client.get_with_offset(job_id)
         if definition.type == "DEPENDENT":
             raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
-        fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)
-                 if f <= last]
+        # The fires its schedule had: its calendar applied (max_runs is not a backfill's).
+        calendar = None if definition.calendar is None else resolve(client.calendar(definition.calendar))
+        fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1,
+                                     calendar=calendar) if f <= last]
         if len(fires) > limit:
             raise click.ClickException(f"more than {limit} fires in that range; narrow it or "
                                        f"raise --max")

@@ -524,3 +524,24 @@ def test_calendar_apply_refuses_before_sending_naming_the_field(tmp_path: Path) 
     assert "nothing was sent" in result.output
     assert "calendar #1 (calendar_id 'a'): holidays: country: 'XX'" in result.output
     assert "calendar #2 (calendar_id 'b'): exclude_weekdays.0: Input should be 'MON'" in result.output
+
+
+def test_the_timeline_row_shows_excluded_days_and_moved_fires() -> None:
+    from cronstream.ui.timeline import Window, project_row
+
+    cal = calendar(**BUSINESS_US)
+    d = job(schedule="0 9 1 * *", timezone="America/New_York", calendar="cal", on_excluded="NEXT_DAY")
+    now = datetime(2026, 12, 30, tzinfo=UTC)
+    window = Window(now, now + timedelta(days=7), 168)
+    row = project_row(d, enabled=True, last_fire=None, typical_seconds=None, now=now, window=window,
+                      calendar=cal)
+    assert [(e.day, e.reason) for e in row.excluded] == [
+        ("2027-01-01", "holiday: New Year's Day (US)"), ("2027-01-02", "weekend: SAT"),
+        ("2027-01-03", "weekend: SUN")]
+    # New York midnight is 05:00Z: the first span starts in hour-bucket 24 + 24 + 5.
+    assert (row.excluded[0].first, row.excluded[-1].last) == (53, 124)
+    [mark] = row.marks
+    assert mark.kind == "moved" and mark.at == datetime(2027, 1, 4, 14, tzinfo=UTC)
+    assert mark.detail == "moved from Fri 2027-01-01 09:00 (holiday: New Year's Day (US))"
+    orphan = project_row(d, enabled=True, last_fire=None, typical_seconds=None, now=now, window=window)
+    assert orphan.note == "calendar cal is not applied: no fires" and not orphan.marks
