@@ -182,16 +182,28 @@ def _checked(definition: Timing, calendar: ResolvedCalendar | None) -> ResolvedC
     return calendar
 
 
+def _plain(definition: Timing, after: datetime) -> datetime | None:
+    """The first nominal fire after `after` without a calendar (bounds applied): the path
+    of every job without a calendar, kept lean (the scheduler computes one per fire)."""
+    start, end = definition.start_at, definition.end_at
+    if start is not None and after < start:
+        after = start - _MS  # fires at start_at itself are allowed
+    at = _raw_next(definition, after)
+    if at is None or (end is not None and at > end):
+        return None
+    return to_millis(at)
+
+
 def _nominal(definition: Timing, after: datetime, calendar: ResolvedCalendar | None) -> Fire | None:
     """The first nominal fire (calendar applied, bounds applied, no jitter) after `after`."""
+    if calendar is None:
+        at = _plain(definition, after)
+        return None if at is None else Fire(at, at)
     start, end = definition.start_at, definition.end_at
     if start is not None and after < start:
         after = start - _MS  # fires at start_at itself are allowed
     fire: Fire | None
-    if calendar is None:
-        at = _raw_next(definition, after)
-        fire = None if at is None else Fire(at, at)
-    elif definition.on_excluded == "SKIP":
+    if definition.on_excluded == "SKIP":
         fire = _skipping(definition, after, calendar, end)
     else:
         fire = _moved(definition, after, calendar)
@@ -379,6 +391,8 @@ def next_fire(definition: Timing, after: datetime, *,
     """The first fire of `definition` strictly after `after`, or None if there is none.
     `calendar`: the resolved calendar the definition names (CalendarMissingError when it
     names one and none is given)."""
+    if definition.calendar is None and not definition.jitter_seconds and calendar is None:
+        return _plain(definition, after)
     fire = plan_next(definition, after, calendar=calendar)
     return None if fire is None else fire.at
 
