@@ -37,9 +37,9 @@ from cronstream.shared.calendars import MAX_EXCLUDED_DAYS, CalendarMissingError,
 from cronstream.shared.cron import CronExpression, compiled, resolve_local
 from cronstream.shared.records import JobDefinition, zone_named
 
-__all__ = ["Excluded", "Fire", "StoredTiming", "Timing", "excluded_instants", "first_fire", "from_epoch_ms",
-           "jitter_ms", "next_fire", "next_interval_fire_ms", "plan_next", "planned", "runs_left",
-           "to_epoch_ms", "to_millis", "upcoming"]
+__all__ = ["Excluded", "Fire", "StoredTiming", "Timing", "excluded_instants", "first_fire",
+           "from_epoch_ms", "jitter_ms", "next_fire", "next_interval_fire_ms", "plain_interval",
+           "plan_next", "planned", "runs_left", "to_epoch_ms", "to_millis", "upcoming"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -425,6 +425,13 @@ def first_fire(
     if last_fire is not None and last_fire > after:
         after = last_fire
     return next_fire(definition, after, calendar=calendar)
+
+
+def plain_interval(definition: Timing) -> bool:
+    """Whether `next_interval_fire_ms` computes the definition's fires: an INTERVAL job
+    without a calendar nor a jitter (any other goes through `next_fire`)."""
+    return (definition.type == "INTERVAL" and definition.interval_seconds is not None
+            and definition.calendar is None and not definition.jitter_seconds)
 
 
 def next_interval_fire_ms(interval_seconds: int, start: datetime | None, end: datetime | None,

@@ -545,3 +545,12 @@ def test_the_timeline_row_shows_excluded_days_and_moved_fires() -> None:
     assert mark.detail == "moved from Fri 2027-01-01 09:00 (holiday: New Year's Day (US))"
     orphan = project_row(d, enabled=True, last_fire=None, typical_seconds=None, now=now, window=window)
     assert orphan.note == "calendar cal is not applied: no fires" and not orphan.marks
+
+
+def test_the_integer_interval_path_is_only_for_plain_intervals() -> None:
+    from cronstream.shared.schedule import plain_interval
+
+    assert plain_interval(job(type="INTERVAL", schedule=None, interval_seconds=60))
+    assert not plain_interval(job(type="INTERVAL", schedule=None, interval_seconds=60, jitter_seconds=5))
+    assert not plain_interval(job(type="INTERVAL", schedule=None, interval_seconds=60, calendar="cal"))
+    assert not plain_interval(job(schedule="* * * * *"))

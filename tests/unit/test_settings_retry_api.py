@@ -66,7 +66,7 @@ def test_next_attempt_keeps_run_and_key_and_is_deterministic() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert sorted(cronstream.__all__) == [
-        "AsyncClient", "Client", "Context", "CronstreamError", "DefinitionError", "Execution",
+        "AsyncClient", "Calendar", "Client", "Context", "CronstreamError", "DefinitionError", "Execution",
         "ExecutionEvent", "JobDefinition", "LogEntry", "NonRetryableError", "NotFoundError",
         "UnavailableError", "events", "handler"]
     assert all(hasattr(cronstream, name) for name in cronstream.__all__)
