@@ -3,12 +3,13 @@
 The public Python API is what this module exports (a test pins the list, and the methods
 of the clients); everything else is internal:
 
-- `Client` / `AsyncClient`: publish and control jobs, read executions (client.py),
-  configured from `CRONSTREAM_*` or by plain arguments (`bootstrap_servers`,
+- `Client` / `AsyncClient`: publish and control jobs and calendars, read executions
+  (client.py), configured from `CRONSTREAM_*` or by plain arguments (`bootstrap_servers`,
   `database_url`, `topic_prefix`, `kafka_config`, `timeout`);
-- `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `ExecutionEvent`,
-  `Execution`, `LogEntry` (a line of an execution's log), `DefinitionVersion` (a version
-  in a job's history), `Command` (what cancel, approve and reject publish): the records;
+- `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `Calendar` (a named
+  calendar: `Client.apply_calendars`), `ExecutionEvent`, `Execution`, `LogEntry` (a line
+  of an execution's log), `DefinitionVersion` (a version in a job's history), `Command`
+  (what cancel, approve and reject publish): the records;
 - `events`: consume `execution-events` from your own systems (`events.subscribe`);
 - `handler`, `Context`, `NonRetryableError`: write handlers for workers;
 - the errors, each with its data as attributes: `CronstreamError` and its
@@ -31,11 +32,12 @@ from cronstream.errors import (
 )
 from cronstream.executions import Execution, LogEntry
 from cronstream.handlers import Context, NonRetryableError, ResultOmittedError, handler
-from cronstream.shared.records import Command, ExecutionEvent, JobDefinition
+from cronstream.shared.records import Calendar, Command, ExecutionEvent, JobDefinition
 from cronstream.versions import DefinitionVersion
 
 __all__ = [
     "AsyncClient",
+    "Calendar",
     "Client",
     "Command",
     "ConfigurationError",

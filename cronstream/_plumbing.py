@@ -48,6 +48,7 @@ from cronstream.shared.kafka.errors import NOT_AUTHORIZED_HINT, not_authorized
 from cronstream.shared.kafka.reading import read_to_end
 from cronstream.shared.producers import OutRecord
 from cronstream.shared.records import (
+    Calendar,
     Command,
     CommandKind,
     DueReason,
@@ -233,6 +234,31 @@ class AsyncPlumbing:
     async def located(self) -> dict[str, tuple[JobDefinition, int]]:
         """Every current definition with its offset on `job-definitions` (which names its
         version: `history`), read from the topic to its end."""
+        found: dict[str, tuple[JobDefinition, int]] = {}
+        for job_id, (value, offset) in (await self.latest(self.topics.job_definitions)).items():
+            if value is None or len(value) > MAX_RECORD_BYTES:
+                continue
+            try:
+                found[job_id] = (JobDefinition.model_validate_json(value), offset)
+            except ValidationError:
+                continue  # dead-lettered by the scheduler; the job is suspended
+        return found
+
+    async def calendars(self) -> dict[str, Calendar]:
+        """Every current calendar, read from `calendars` to its end."""
+        found: dict[str, Calendar] = {}
+        for calendar_id, (value, _) in (await self.latest(self.topics.calendars)).items():
+            if value is None or len(value) > MAX_RECORD_BYTES:
+                continue
+            try:
+                found[calendar_id] = Calendar.model_validate_json(value)
+            except ValidationError:
+                continue  # dead-lettered by the monitor
+        return found
+
+    async def latest(self, topic: str) -> dict[str, tuple[bytes | None, int]]:
+        """The latest record of each key of the compacted `topic` (every partition), read
+        to its end: value (None: a tombstone) and offset."""
         latest: dict[str, tuple[bytes | None, int]] = {}
 
         def keep(messages: builtins.list[Message]) -> None:
@@ -241,7 +267,6 @@ class AsyncPlumbing:
                 if key is not None:
                     latest[key.decode("utf-8", "replace")] = (msg.value(), msg.offset() or 0)
 
-        topic = self.topics.job_definitions
         await self.check_topics([topic])
         reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
         try:
@@ -255,15 +280,7 @@ class AsyncPlumbing:
                                    service="kafka", server=servers) from None
         finally:
             await reader.close()
-        found: dict[str, tuple[JobDefinition, int]] = {}
-        for job_id, (value, offset) in latest.items():
-            if value is None or len(value) > MAX_RECORD_BYTES:
-                continue
-            try:
-                found[job_id] = (JobDefinition.model_validate_json(value), offset)
-            except ValidationError:
-                continue  # dead-lettered by the scheduler; the job is suspended
-        return found
+        return latest
 
     async def get_with_offset(self, job_id: str) -> tuple[JobDefinition, int]:
         """The current definition of `job_id` and its `job-definitions` offset, which names

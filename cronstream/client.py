@@ -59,16 +59,17 @@ from cronstream._plumbing import (
     client_identity,
     client_settings,
 )
-from cronstream.definitions import check_dags, parse_definitions
+from cronstream.calendar_files import CalendarLike, parse_calendars
+from cronstream.definitions import check_calendars, check_dags, parse_definitions
 from cronstream.errors import CronstreamError, NotFoundError
 from cronstream.executions import Execution, LogEntry
 from cronstream.shared.producers import OutRecord
-from cronstream.shared.records import DELETED_BY_HEADER, Command, JobDefinition
+from cronstream.shared.records import DELETED_BY_HEADER, Calendar, Command, JobDefinition
 from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.telemetry import new_headers
-from cronstream.versions import DefinitionVersion
+from cronstream.versions import CalendarVersion, DefinitionVersion
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -119,6 +120,8 @@ class AsyncClient:
         parsed = parse_definitions(list(definitions), "apply")
         if any(d.type == "DEPENDENT" for d in parsed):
             check_dags(parsed, await self.definitions())
+        if any(d.calendar is not None for d in parsed):
+            check_calendars(parsed, await self.calendars())
         now, who = datetime.now(UTC), client_identity()
         stamped = []
         for definition in parsed:
@@ -173,6 +176,53 @@ class AsyncClient:
         caught up); returns the definition as published. NotFoundError when there is no
         such job."""
         return await self._set_enabled(job_id, True, by)
+
+    # -- calendars (Kafka; their history: PostgreSQL) ----------------------------------
+
+    async def apply_calendars(self, calendars: Iterable[CalendarLike]) -> builtins.list[str]:
+        """Validate every calendar (models or mappings), then publish them all; returns their
+        calendar_ids. Raises DefinitionError naming the calendar and the field, and sends
+        nothing, when any is invalid. The jobs that name a calendar are re-planned by the
+        schedulers as soon as they read its new version."""
+        parsed = parse_calendars(builtins.list(calendars), "apply_calendars")
+        now, who = datetime.now(UTC), client_identity()
+        stamped = [c.model_copy(update={"created_by": c.created_by or who,
+                                        "created_at": c.created_at or now}) for c in parsed]
+        topic = self._plumbing.topics.calendars
+        await self._plumbing.send([OutRecord(topic, c.calendar_id.encode(), c.to_json(), new_headers())
+                                   for c in stamped])
+        return [c.calendar_id for c in stamped]
+
+    async def apply_calendar(self, calendar: CalendarLike) -> str:
+        """Validate one calendar and publish it (`apply_calendars`); returns its calendar_id."""
+        return (await self.apply_calendars([calendar]))[0]
+
+    async def calendars(self) -> dict[str, Calendar]:
+        """Every current calendar by calendar_id, read from `calendars` to its end."""
+        return await self._plumbing.calendars()
+
+    async def calendar(self, calendar_id: str) -> Calendar:
+        """The current calendar `calendar_id`; NotFoundError when there is none."""
+        found = (await self.calendars()).get(calendar_id)
+        if found is None:
+            raise NotFoundError(f"no calendar {calendar_id!r}")
+        return found
+
+    async def delete_calendar(self, calendar_id: str, by: str | None = None) -> None:
+        """Delete a calendar: a tombstone on `calendars`, naming who deleted it. The jobs
+        that name it stop firing until it is applied again."""
+        who = (by or client_identity())[:256].encode()
+        await self._plumbing.send([OutRecord(self._plumbing.topics.calendars, calendar_id.encode(),
+                                             None, [*new_headers(), (DELETED_BY_HEADER, who)])])
+
+    async def calendar_history(self, calendar_id: str) -> builtins.list[CalendarVersion]:
+        """Every version of a calendar, oldest first (from PostgreSQL); NotFoundError when
+        none is kept."""
+        rows = await self._plumbing.fetch("calendar_history", calendar_id)
+        versions = [CalendarVersion.from_row(r) for r in rows]
+        if not versions:
+            raise NotFoundError(f"no calendar {calendar_id!r} (no version of it is kept)")
+        return versions
 
     # -- executions -----------------------------------------------------------------
 
@@ -385,6 +435,30 @@ class Client:
     def resume(self, job_id: str, by: str | None = None) -> JobDefinition:
         """Fire `job_id` again, from now on (AsyncClient.resume)."""
         return self._run(self._async.resume(job_id, by))
+
+    def apply_calendars(self, calendars: Iterable[CalendarLike]) -> builtins.list[str]:
+        """Validate every calendar, then publish them all (AsyncClient.apply_calendars)."""
+        return self._run(self._async.apply_calendars(builtins.list(calendars)))
+
+    def apply_calendar(self, calendar: CalendarLike) -> str:
+        """Validate one calendar and publish it (AsyncClient.apply_calendar)."""
+        return self._run(self._async.apply_calendar(calendar))
+
+    def calendars(self) -> dict[str, Calendar]:
+        """Every current calendar by calendar_id (AsyncClient.calendars)."""
+        return self._run(self._async.calendars())
+
+    def calendar(self, calendar_id: str) -> Calendar:
+        """The current calendar `calendar_id` (AsyncClient.calendar)."""
+        return self._run(self._async.calendar(calendar_id))
+
+    def delete_calendar(self, calendar_id: str, by: str | None = None) -> None:
+        """Delete a calendar (AsyncClient.delete_calendar)."""
+        self._run(self._async.delete_calendar(calendar_id, by))
+
+    def calendar_history(self, calendar_id: str) -> builtins.list[CalendarVersion]:
+        """Every kept version of a calendar (AsyncClient.calendar_history)."""
+        return self._run(self._async.calendar_history(calendar_id))
 
     def trigger(self, job_id: str, at: datetime | None = None, *,
                 params: Mapping[str, Any] | None = None, by: str | None = None) -> UUID:

@@ -23,10 +23,16 @@ from pydantic import ValidationError
 from cronstream.errors import DefinitionError, DefinitionProblem
 from cronstream.shared.codec import describe
 from cronstream.shared.dag import dag_problem
-from cronstream.shared.records import MAX_DEFINITION_BYTES, JobDefinition
+from cronstream.shared.records import MAX_DEFINITION_BYTES, Calendar, JobDefinition
 
 __all__ = [
-    "DEFINITION_SUFFIXES", "check_dags", "document", "load_definitions", "load_sources",
+    "DEFINITION_SUFFIXES",
+    "check_calendars",
+    "check_dags",
+    "document",
+    "documents_of",
+    "load_definitions",
+    "load_sources",
     "parse_definitions",
 ]
 
@@ -116,6 +122,19 @@ def _documents(text: str, source: str, as_json: bool) -> list[Any]:
                               [DefinitionProblem(f"not valid {kind}: {exc}", source=source)]) from None
 
 
+def documents_of(name: str, stdin: TextIO | None = None) -> tuple[str, list[Any]]:
+    """The YAML or JSON documents of the file `name` (`-`: stdin) and how to name it in an
+    error; DefinitionError when it cannot be read or parsed."""
+    try:
+        if name == "-":
+            text, source = (stdin or sys.stdin).read(), "<stdin>"
+        else:
+            text, source = Path(name).read_text(), name
+    except OSError as exc:
+        raise DefinitionError(f"{name}: cannot read: {exc.strerror}") from None
+    return source, [doc for doc in _documents(text, source, source.endswith(".json")) if doc is not None]
+
+
 def load_definitions(path: str | Path) -> list[JobDefinition]:
     """Read one or many definitions from a YAML (multi-document allowed) or JSON file."""
     path = Path(path)
@@ -203,6 +222,25 @@ def _parse_sourced(documents: list[_Sourced], files: list[str]) -> list[JobDefin
     if not definitions:
         raise DefinitionError(f"{', '.join(files)}: no definitions found")
     return definitions
+
+
+def check_calendars(new: list[JobDefinition], calendars: Mapping[str, Calendar]) -> None:
+    """Refuse a definition that names a calendar `calendars` (the live ones) does not hold,
+    or moves fires by days (NEXT_DAY, PREVIOUS_DAY) in another timezone than its calendar's."""
+    problems = []
+    for d in new:
+        if d.calendar is None:
+            continue
+        found = calendars.get(d.calendar)
+        if found is None:
+            problems.append(f"job_id {d.job_id!r}: calendar: no calendar {d.calendar!r} "
+                            "(apply it first: cronstream calendar apply -f FILE)")
+        elif d.on_excluded != "SKIP" and found.timezone != d.timezone:
+            problems.append(f"job_id {d.job_id!r}: on_excluded: {d.on_excluded} moves a fire to "
+                            f"another day at the same wall-clock time, so the job's timezone "
+                            f"({d.timezone}) must be its calendar's ({found.timezone})")
+    if problems:
+        raise DefinitionError("\n".join(problems))
 
 
 def check_dags(new: list[JobDefinition], existing: Mapping[str, JobDefinition]) -> None:

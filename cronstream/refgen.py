@@ -35,9 +35,11 @@ from cronstream.shared import statuses
 from cronstream.shared.records import (
     PRIORITIES,
     Alert,
+    Calendar,
     Command,
     ExecutionEvent,
     Heartbeat,
+    HolidaySource,
     JobAlerts,
     JobDefinition,
     JobDue,
@@ -137,7 +139,8 @@ def _text_rules(prop: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-_FORMATS = {"date-time": "time (RFC 3339)", "uuid": "UUID", "password": "secret text"}
+_FORMATS = {"date-time": "time (RFC 3339)", "date": "date (YYYY-MM-DD)", "uuid": "UUID",
+            "password": "secret text"}
 
 
 def _text(prop: Mapping[str, Any]) -> str:
@@ -317,6 +320,7 @@ RECORDS: dict[str, type[BaseModel]] = {
     "JobSnapshot": JobSnapshot, "Upstream": Upstream, "UpstreamExecution": UpstreamExecution,
     "RetryRequest": RetryRequest, "ExecutionEvent": ExecutionEvent, "Heartbeat": Heartbeat,
     "Command": Command, "Alert": Alert, "LogBatch": LogBatch, "LogLine": LogLine,
+    "Calendar": Calendar, "HolidaySource": HolidaySource,
 }
 
 

@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from cronstream.definitions import document
 from cronstream.shared.records import JobDefinition
 
-__all__ = ["DefinitionVersion", "changed_fields", "document_diff", "to_yaml", "with_changes",
-           "yaml_diff"]
+__all__ = ["CalendarVersion", "DefinitionVersion", "changed_fields", "document_diff", "to_yaml",
+           "with_changes", "yaml_diff"]
 
 # Stamped by `apply` on every publication: who and when are the version's own columns, so
 # comparing two versions leaves them out.
@@ -141,3 +141,28 @@ def yaml_diff(before: DefinitionVersion | None, after: DefinitionVersion) -> lis
     return document_diff(None if before is None else before.compared(), after.compared(),
                          name + (before.label() if before is not None else "(none)"),
                          name + after.label())
+
+
+@dataclass(frozen=True, slots=True)
+class CalendarVersion:
+    """Version `version` of a calendar (`calendar_versions`): what was published (None for
+    a delete), by whom, when, and where on `calendars`."""
+
+    calendar_id: str
+    version: int
+    document: dict[str, Any] | None
+    created_by: str | None
+    recorded_at: datetime
+    kafka_offset: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any] | Any) -> CalendarVersion:
+        raw = row["definition"]
+        return cls(row["calendar_id"], row["version"], None if raw is None else json.loads(raw),
+                   row["created_by"], row["recorded_at"], row["kafka_offset"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"calendar_id": self.calendar_id, "version": self.version,
+                "created_by": self.created_by, "recorded_at": self.recorded_at,
+                "kafka_offset": self.kafka_offset, "deleted": self.document is None,
+                "calendar": self.document}

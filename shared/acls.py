@@ -8,10 +8,11 @@ the whole system on a broker with these ACLs and nothing else
 (tests/security/test_kafka_principals.py), so a footprint that is too small fails there.
 
 What the grants mean (docs/deploy.md, the trust boundary): a write to `job-definitions`,
-`job-due`, `retries` or a work topic names a handler and its params, so whoever holds
-such a principal can run any registered handler with any params on every worker. The
-worker and the monitor hold `job-due` and `retries` (drain and dead-worker requeues,
-retry timers), the dashboard and the CLI `job-definitions` and `job-due`; the dashboard
+`calendars` (which decides on which days jobs fire), `job-due`, `retries` or a work topic
+names a handler and its params, so whoever holds such a principal can run any registered
+handler with any params on every worker. The worker and the monitor hold `job-due` and
+`retries` (drain and dead-worker requeues, retry timers), the dashboard and the CLI
+`job-definitions`, `calendars` and `job-due`; the dashboard
 cannot write `execution-events`, a worker cannot write `job-definitions`.
 
 Resources are named with the topic prefix: topics literally (`cronstream.job-due`), the
@@ -61,7 +62,7 @@ FOOTPRINTS: dict[str, Footprint] = {
     # lists its members (describe_consumer_groups: DESCRIBE, implied by READ); each shard
     # it leads commits through the shard's own transactional id, `scheduler-shard-<n>`.
     "scheduler": Footprint(
-        reads=("job-definitions", "scheduler-state", "retries", "scheduler-members"),
+        reads=("job-definitions", "scheduler-state", "retries", "scheduler-members", "calendars"),
         writes=("job-due", "scheduler-state", "retries", "alerts", "dead-letters"),
         groups=("scheduler",), describes_groups=_EVERY_CONSUMER,
         transactional_ids=(("scheduler-shard-", "PREFIXED"),)),
@@ -78,7 +79,7 @@ FOOTPRINTS: dict[str, Footprint] = {
         transactional_ids=(("worker-", "PREFIXED"),)),
     "monitor": Footprint(
         reads=("execution-events", "execution-logs", "heartbeats", "job-definitions", "commands",
-               "alerts"),
+               "alerts", "calendars"),
         writes=("job-due", "execution-events", "retries", "alerts", "dead-letters"),
         # Queue depth is the workers group's lag; fencing a dead worker takes its id.
         work=("DESCRIBE",), groups=("monitor",), describes_groups=(*_EVERY_CONSUMER, "workers"),
@@ -89,13 +90,14 @@ FOOTPRINTS: dict[str, Footprint] = {
         work=("DESCRIBE",), describes_groups=(*_EVERY_CONSUMER, "workers")),
     # The Schedulers page and `cronstream schedulers` list the scheduler group's members
     # and count the partitions of job-definitions (its shards): DESCRIBE only, never a join.
+    # Calendars are written like job definitions (a calendar decides when jobs fire).
     "ui": Footprint(
-        reads=("job-definitions",),
-        writes=("job-definitions", "job-due", "commands"),
+        reads=("job-definitions", "calendars"),
+        writes=("job-definitions", "calendars", "job-due", "commands"),
         describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     "cli": Footprint(
-        reads=("job-definitions", "execution-events"),
-        writes=("job-definitions", "job-due", "commands", "retries"),
+        reads=("job-definitions", "calendars", "execution-events"),
+        writes=("job-definitions", "calendars", "job-due", "commands", "retries"),
         describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     # KEDA's lag trigger: the workers group's offsets and the work topics' ends.
     "keda": Footprint(work=("DESCRIBE",), describes_groups=("workers",)),

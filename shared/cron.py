@@ -4,24 +4,39 @@ cronstream computes fire times itself rather than through croniter for two reaso
 the DST rule of the reference (a skipped wall-clock time fires once at the first instant after
 the gap; a repeated one fires once) must hold exactly, and the scheduler's hot path
 must not pay croniter's per-call parsing. An expression is compiled once into sorted
-value tuples; `next_local` then jumps field by field instead of scanning minutes.
+value tuples (`compiled`, cached: never on the hot path); `next_local` then jumps field by
+field instead of scanning minutes.
 
 Accepted syntax: 5 fields (minute hour day-of-month month day-of-week) or 6 with a
 leading seconds field; `*`, `?` (day fields), lists `a,b`, ranges `a-b`, steps `*/n`,
 `a-b/n`, `a/n`; month names JAN..DEC and day names SUN..SAT; day-of-week 7 = Sunday;
 the macros @yearly @annually @monthly @weekly @daily @midnight @hourly. As in Vixie
 cron, when both day fields are restricted a day matches if either matches.
+
+And, as list elements (docs/decisions/0055):
+- day of month: `L` (the last day), `L-n` (n days before it), `LW` (the last weekday),
+  `nW` (the weekday nearest day n, never crossing the month: Quartz's rule; in a month
+  shorter than n, nearest to its last day, as croniter);
+- day of week: `nL` (the last weekday n of the month: `5L` the last Friday), `n#k` (the
+  k-th weekday n: `1#2` the second Monday), names allowed (`FRI#3`, `FRIL`);
+- every field: `H`, `H(a-b)`, `H/n`, `H(a-b)/n`: a value hashed from a seed (the job_id),
+  Jenkins's forms and ranges (a bare `H` in the day of month draws from 1-28, in the
+  day of week from 0-6), croniter's hash (CRC-32 of the seed, shifted by the field's
+  index), so `croniter(expr, hash_id=job_id)` agrees wherever the ranges do.
 """
 
 from __future__ import annotations
 
 import calendar
+import re
+import zlib
 from bisect import bisect_left
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-__all__ = ["CronError", "CronExpression", "parse_cron"]
+__all__ = ["CronError", "CronExpression", "compiled", "parse_cron", "uses_hash"]
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -36,20 +51,34 @@ MACROS = {
 _MONTHS = {m.upper(): i for i, m in enumerate(calendar.month_abbr) if m}
 _DAYS = {"SUN": 0, "MON": 1, "TUE": 2, "WED": 3, "THU": 4, "FRI": 5, "SAT": 6}
 
+SECOND, MINUTE, HOUR, DAY_OF_MONTH, MONTH, DAY_OF_WEEK = range(6)
 # (name, low, high, names)
 _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("second", 0, 59, {}),
     ("minute", 0, 59, {}),
     ("hour", 0, 23, {}),
-    ("day-of-month", 1, 31, {}),
+    ("day of month", 1, 31, {}),
     ("month", 1, 12, _MONTHS),
-    ("day-of-week", 0, 7, _DAYS),
+    ("day of week", 0, 7, _DAYS),
 )
+# croniter's index of each field in its hash (`(crc32 >> index) % range`): seconds last.
+_HASH_INDEX = (5, 0, 1, 2, 3, 4)
+# The range a bare `H` (or `H/n`) draws from: Jenkins keeps the day of month to 1-28 so
+# that the job fires every month, and the day of week to 0-6 (7 is Sunday again).
+_HASH_HIGH = {DAY_OF_MONTH: 28, DAY_OF_WEEK: 6}
+
+_HASH = re.compile(r"^H(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
+_HASH_TOKEN = re.compile(r"(?:^|[\s,])H(?=$|[\s,(/])")
+_LAST_OFFSET = re.compile(r"^L(?:-(\d+))?$")
+_NEAREST = re.compile(r"^(\d+)W$")
+_NTH = re.compile(r"^(\w+?)#(\d+)$")
+_LAST_WEEKDAY = re.compile(r"^(\w+?)L$")
 
 # The longest a valid expression can go without firing is a Feb 29 that must also
 # be a given weekday: 28 years. Searching further means the expression never fires.
 _MAX_SEARCH_YEARS = 29
 _ONE_SECOND = timedelta(seconds=1)
+_ONE_DAY = timedelta(days=1)
 
 
 class CronError(ValueError):
@@ -67,12 +96,25 @@ class CronExpression:
     weekdays: frozenset[int]  # 0 = Sunday
     dom_restricted: bool
     dow_restricted: bool
+    # The special day forms (empty for a plain expression, which keeps the fast path):
+    last_offsets: frozenset[int] = frozenset()  # L (0), L-n (n)
+    nearest: frozenset[int] = frozenset()       # nW
+    last_weekday: bool = False                  # LW
+    nth: frozenset[tuple[int, int]] = frozenset()  # (weekday, k) of weekday#k
+    last_of: frozenset[int] = frozenset()       # weekdays of nL
 
     # -- matching -----------------------------------------------------------------
 
     def _day_matches(self, year: int, month: int, day: int) -> bool:
+        weekday = (calendar.weekday(year, month, day) + 1) % 7
         dom_ok = day in self.days
-        dow_ok = (calendar.weekday(year, month, day) + 1) % 7 in self.weekdays
+        dow_ok = weekday in self.weekdays
+        if not dom_ok and (self.last_offsets or self.nearest or self.last_weekday):
+            dom_ok = self._special_dom(year, month, day)
+        if not dow_ok and (self.nth or self.last_of):
+            length = calendar.monthrange(year, month)[1]
+            dow_ok = (weekday, (day - 1) // 7 + 1) in self.nth or (
+                weekday in self.last_of and day + 7 > length)
         if self.dom_restricted and self.dow_restricted:
             return dom_ok or dow_ok
         if self.dom_restricted:
@@ -80,6 +122,48 @@ class CronExpression:
         if self.dow_restricted:
             return dow_ok
         return True
+
+    def _special_dom(self, year: int, month: int, day: int) -> bool:
+        length = calendar.monthrange(year, month)[1]
+        if length - day in self.last_offsets:
+            return True
+        if self.last_weekday and day == _nearest_weekday(year, month, length, length):
+            return True
+        return any(day == _nearest_weekday(year, month, min(n, length), length)
+                   for n in self.nearest)
+
+    def matches_day(self, day: date) -> bool:
+        """Whether the expression fires at some time of `day` (its day and month fields)."""
+        return day.month in self.months and self._day_matches(day.year, day.month, day.day)
+
+    def next_day(self, start: date) -> date | None:
+        """The first day >= `start` on which the expression fires (None: never again)."""
+        found = self.next_local(datetime.combine(start, time()))
+        return None if found is None else found.date()
+
+    def first_time_on(self, day: date, start: time) -> datetime | None:
+        """The first naive wall-clock time of `day` at or after `start` allowed by the
+        time fields (second, minute, hour), or None when none is left that day."""
+        hour, minute, second = start.hour, start.minute, start.second
+        while True:
+            h = _ceil(self.hours, hour)
+            if h is None:
+                return None
+            if h != hour:
+                hour, minute, second = h, self.minutes[0], self.seconds[0]
+                continue
+            mi = _ceil(self.minutes, minute)
+            if mi is None:
+                hour, minute, second = hour + 1, self.minutes[0], self.seconds[0]
+                continue
+            if mi != minute:
+                minute, second = mi, self.seconds[0]
+                continue
+            s = _ceil(self.seconds, second)
+            if s is None:
+                minute, second = minute + 1, self.seconds[0]
+                continue
+            return datetime.combine(day, time(hour, minute, s))
 
     def next_local(self, start: datetime) -> datetime | None:
         """First naive wall-clock time >= `start` (whole seconds) matching the expression.
@@ -156,6 +240,18 @@ class CronExpression:
             candidate = naive + _ONE_SECOND
 
 
+def _nearest_weekday(year: int, month: int, day: int, length: int) -> int:
+    """The weekday (Mon-Fri) nearest `day` in its month, never crossing the month's
+    bounds (Quartz: `1W` on a Saturday the 1st is Monday the 3rd; `31W` on a Sunday the
+    31st is Friday the 29th)."""
+    weekday = calendar.weekday(year, month, day)  # 0 = Monday
+    if weekday == 5:  # Saturday: Friday, unless that is in the previous month
+        return day - 1 if day > 1 else day + 2
+    if weekday == 6:  # Sunday: Monday, unless that is in the next month
+        return day + 1 if day < length else day - 2
+    return day
+
+
 def _ceil(values: tuple[int, ...], value: int) -> int | None:
     """The smallest allowed value >= `value`, or None when it lies past the last one."""
     i = bisect_left(values, value)
@@ -184,6 +280,22 @@ def resolve_local(naive: datetime, tz: ZoneInfo) -> datetime:
     return hi
 
 
+# -- parsing ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Field:
+    """One field as parsed: its plain values and the special forms found in it."""
+
+    values: set[int]
+    restricted: bool
+    last_offsets: set[int]
+    nearest: set[int]
+    last_weekday: bool
+    nth: set[tuple[int, int]]
+    last_of: set[int]
+
+
 def _parse_value(token: str, name: str, names: dict[str, int]) -> int:
     upper = token.upper()
     if upper in names:
@@ -194,8 +306,39 @@ def _parse_value(token: str, name: str, names: dict[str, int]) -> int:
     return int(token)
 
 
-def _parse_part(part: str, index: int) -> range:
+def _hashed(part: str, index: int, seed: str | None) -> range | None:
+    """`H`, `H(a-b)`, `H/n`, `H(a-b)/n` as Jenkins reads them, or None for another part."""
+    found = _HASH.match(part)
+    if found is None:
+        return None
+    name, low, high, _ = _FIELDS[index]
+    if seed is None:
+        raise CronError(f"{name} field: 'H' is hashed from the job_id; none was given")
+    a_text, b_text, step_text = found.groups()
+    if a_text is not None:
+        a, b = int(a_text), int(b_text)
+        for v in (a, b):
+            if not low <= v <= high:
+                raise CronError(f"{name} field: {v} in '{part}' is outside {low}-{high}")
+        if a > b:
+            raise CronError(f"{name} field: range '{part}' runs backwards")
+    else:
+        a, b = low, _HASH_HIGH.get(index, high)
+    crc = (zlib.crc32(seed.encode()) & 0xFFFFFFFF) >> _HASH_INDEX[index]
+    if step_text is None:
+        value = crc % (b - a + 1) + a
+        return range(value, value + 1)
+    step = int(step_text)
+    if step == 0:
+        raise CronError(f"{name} field: step '0' must be a positive integer")
+    return range(crc % min(step, b - a + 1) + a, b + 1, step)
+
+
+def _parse_part(part: str, index: int, seed: str | None) -> range:
     """One element of a field's list: `*`, `n`, `a-b`, each with an optional `/step`."""
+    hashed = _hashed(part, index, seed)
+    if hashed is not None:
+        return hashed
     name, low, high, names = _FIELDS[index]
     range_part, _, step_text = part.partition("/")
     step = 1
@@ -203,7 +346,7 @@ def _parse_part(part: str, index: int) -> range:
         if not step_text.isdigit() or int(step_text) == 0:
             raise CronError(f"{name} field: step '{step_text}' must be a positive integer")
         step = int(step_text)
-    last = high if name != "day-of-week" else 6  # 7 is Sunday again: written, never implied
+    last = high if index != DAY_OF_WEEK else 6  # 7 is Sunday again: written, never implied
     if range_part in ("*", "?"):
         start, end = low, last
     elif "-" in range_part:
@@ -220,26 +363,104 @@ def _parse_part(part: str, index: int) -> range:
     return range(start, end + 1, step)
 
 
-def _parse_field(text: str, index: int) -> tuple[tuple[int, ...], bool]:
+def _special_dom(part: str, field: _Field) -> bool:
+    """`L`, `L-n`, `LW`, `nW` into `field`; False for any other part."""
+    upper = part.upper()
+    if upper == "LW":
+        field.last_weekday = True
+        return True
+    found = _LAST_OFFSET.match(upper)
+    if found is not None:
+        offset = int(found.group(1) or 0)
+        if offset > 30:
+            raise CronError(f"day of month field: '{part}' reaches before the 1st (L-0 to L-30)")
+        field.last_offsets.add(offset)
+        return True
+    found = _NEAREST.match(upper)
+    if found is not None:
+        day = int(found.group(1))
+        if not 1 <= day <= 31:
+            raise CronError(f"day of month field: {day} in '{part}' is outside 1-31")
+        field.nearest.add(day)
+        return True
+    if "W" in upper or "L" in upper:
+        raise CronError(f"day of month field: '{part}' is not L, L-n, LW or nW "
+                        "(W takes one day, not a range or a step)")
+    return False
+
+
+def _weekday(token: str, part: str) -> int:
+    value = _parse_value(token, "day of week", _DAYS)
+    if not 0 <= value <= 7:
+        raise CronError(f"day of week field: {value} in '{part}' is outside 0-7")
+    return value % 7
+
+
+def _special_dow(part: str, field: _Field) -> bool:
+    """`n#k` and `nL` (names for n allowed) into `field`; False for any other part."""
+    upper = part.upper()
+    found = _NTH.match(upper)
+    if found is not None:
+        k = int(found.group(2))
+        if not 1 <= k <= 5:
+            raise CronError(f"day of week field: '{part}': the occurrence after '#' must be 1-5")
+        field.nth.add((_weekday(found.group(1), part), k))
+        return True
+    if upper == "L":
+        raise CronError("day of week field: 'L' alone is ambiguous; write nL for the last "
+                        "weekday n of the month (5L: the last Friday) or 6 for Saturday")
+    found = _LAST_WEEKDAY.match(upper)
+    if found is not None:
+        field.last_of.add(_weekday(found.group(1), part))
+        return True
+    if "#" in upper:
+        raise CronError(f"day of week field: '{part}' is not n#k (1#2: the second Monday)")
+    return False
+
+
+def _parse_field(text: str, index: int, seed: str | None) -> _Field:
     name = _FIELDS[index][0]
-    values: set[int] = set()
-    restricted = True
+    field = _Field(set(), True, set(), set(), False, set(), set())
     if text in ("*", "?"):
-        if text == "?" and name not in ("day-of-month", "day-of-week"):
+        if text == "?" and index not in (DAY_OF_MONTH, DAY_OF_WEEK):
             raise CronError(f"{name} field: '?' is only allowed in the day fields")
-        restricted = False
+        field.restricted = False
     for part in text.split(","):
         if not part:
             raise CronError(f"{name} field: empty list element in '{text}'")
-        values.update(_parse_part(part, index))
-    if name == "day-of-week" and 7 in values:
-        values.discard(7)
-        values.add(0)
-    return tuple(sorted(values)), restricted
+        if index == DAY_OF_MONTH and _special_dom(part, field):
+            continue
+        if index == DAY_OF_WEEK and _special_dow(part, field):
+            continue
+        field.values.update(_parse_part(part, index, seed))
+    if index == DAY_OF_WEEK and 7 in field.values:
+        field.values.discard(7)
+        field.values.add(0)
+    if not field.values and index not in (DAY_OF_MONTH, DAY_OF_WEEK):
+        raise CronError(f"{name} field: '{text}' allows no value")
+    return field
 
 
-def parse_cron(expression: str) -> CronExpression:
-    """Compile a cron expression, raising CronError that names the offending field."""
+def uses_hash(expression: str) -> bool:
+    """Whether `expression` has an `H` (its values then depend on the job_id)."""
+    return _HASH_TOKEN.search(expression) is not None
+
+
+@lru_cache(maxsize=65536)
+def _compiled(expression: str, seed: str | None) -> CronExpression:
+    return parse_cron(expression, seed)
+
+
+def compiled(expression: str, seed: str | None = None) -> CronExpression:
+    """`parse_cron`, cached: each expression is parsed once per process (and once per
+    job_id only when it has an `H`), so that neither the validation of a definition nor
+    a fire pays for parsing."""
+    return _compiled(expression, seed if uses_hash(expression) else None)
+
+
+def parse_cron(expression: str, seed: str | None = None) -> CronExpression:
+    """Compile a cron expression, raising CronError that names the offending field.
+    `seed` (the job_id) is what an `H` is hashed from."""
     if not isinstance(expression, str) or not expression.strip():
         raise CronError("empty cron expression")
     source = expression.strip()
@@ -254,23 +475,42 @@ def parse_cron(expression: str) -> CronExpression:
             f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 with a "
             f"leading seconds field, got {len(parts)}"
         )
-    fields = [_parse_field(p, i) for i, p in enumerate(parts)]
-    (seconds, _), (minutes, _), (hours, _), (days, dom_r), (months, _), (dows, dow_r) = fields
+    seconds, minutes, hours, dom, months, dow = (_parse_field(p, i, seed) for i, p in enumerate(parts))
     expr = CronExpression(
         source=source,
-        seconds=seconds,
-        minutes=minutes,
-        hours=hours,
-        days=days,
-        months=months,
-        weekdays=frozenset(dows),
-        dom_restricted=dom_r,
-        dow_restricted=dow_r,
+        seconds=tuple(sorted(seconds.values)),
+        minutes=tuple(sorted(minutes.values)),
+        hours=tuple(sorted(hours.values)),
+        days=tuple(sorted(dom.values)),
+        months=tuple(sorted(months.values)),
+        weekdays=frozenset(dow.values),
+        dom_restricted=dom.restricted,
+        dow_restricted=dow.restricted,
+        last_offsets=frozenset(dom.last_offsets),
+        nearest=frozenset(dom.nearest),
+        last_weekday=dom.last_weekday,
+        nth=frozenset(dow.nth),
+        last_of=frozenset(dow.last_of),
     )
-    if dom_r and not dow_r:
-        longest = max(calendar.monthrange(2024, m)[1] for m in months)  # 2024: leap year
-        if min(days) > longest:
-            raise CronError(
-                f"never fires: day-of-month {min(days)} does not occur in the chosen months"
-            )
+    _check_fires(expr)
     return expr
+
+
+def _check_fires(expr: CronExpression) -> None:
+    """Refuse an expression whose day fields never meet its months."""
+    plain = not (expr.last_offsets or expr.nearest or expr.last_weekday or expr.nth or expr.last_of)
+    if plain:
+        if expr.dom_restricted and not expr.dow_restricted:
+            longest = max(calendar.monthrange(2024, m)[1] for m in expr.months)  # 2024: leap year
+            if min(expr.days) > longest:
+                raise CronError(f"never fires: day of month {min(expr.days)} does not occur "
+                                "in the chosen months")
+        return
+    # Special forms: whether a day of a 28-year cycle (every weekday on every date, leap
+    # years included) matches, by looking.
+    day = date(2001, 1, 1)
+    while day.year < 2001 + 28:
+        if expr.matches_day(day):
+            return
+        day += _ONE_DAY
+    raise CronError("never fires: no day matches the day fields in the chosen months")

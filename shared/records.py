@@ -56,7 +56,7 @@ from pydantic import (
 from pydantic_core import to_json
 
 from cronstream.shared.condition import ConditionError, parse_condition
-from cronstream.shared.cron import CronError, parse_cron
+from cronstream.shared.cron import CronError, compiled
 from cronstream.shared.escaping import CONTROL
 from cronstream.shared.ids import (
     execution_id,
@@ -77,6 +77,7 @@ MAX_PARAMS_BYTES = 64 * 1024
 MAX_RESULT_BYTES = 64 * 1024
 MAX_DEFINITION_BYTES = 256 * 1024
 MAX_MESSAGE_CHARS = 8 * 1024
+MAX_JITTER_SECONDS = 3600
 
 JobType = Literal["CRON", "INTERVAL", "ONE_TIME", "DEPENDENT"]
 TriggerRule = Literal["ALL_SUCCESS", "ALL_DONE", "ONE_SUCCESS", "ONE_FAILED", "NONE_FAILED"]
@@ -98,6 +99,10 @@ ExecutionStatus = Literal[
     "SKIPPED",
 ]
 WorkerStatus = Literal["ACTIVE", "DRAINING", "OFFLINE"]
+# What a fire on a day its calendar excludes does (docs/decisions/0055).
+OnExcluded = Literal["SKIP", "NEXT_DAY", "PREVIOUS_DAY"]
+Weekday = Literal["MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"]
+WEEKDAYS: tuple[Weekday, ...] = ("MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN")
 
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 
@@ -213,6 +218,7 @@ class UtcModel(BaseModel):
 
 
 JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+CalendarId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 HandlerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
@@ -297,30 +303,34 @@ class JobDefinition(Record):
     created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
     created_at: UtcDatetime | None = None
     alerts: JobAlerts | None = None
+    # A named calendar (its calendar_id on `calendars`) and what a fire on a day it
+    # excludes does; CRON and INTERVAL jobs (NEXT_DAY and PREVIOUS_DAY: CRON only).
+    calendar: CalendarId | None = None
+    on_excluded: OnExcluded = "SKIP"
+    # Each fire delayed by a deterministic amount in [0, jitter_seconds): at most an hour
+    # (decision 0055: a spread of start times, not another schedule).
+    jitter_seconds: Annotated[int, Field(ge=0, le=MAX_JITTER_SECONDS)] = 0
+    # After this many fires the job stops firing (the scheduler counts them).
+    max_runs: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
 
     @field_validator("created_by")
     @classmethod
     def _printable(cls, value: str | None) -> str | None:
-        # Whoever publishes writes it (a claim, not an identity): printed by history and
-        # describe, so it never carries what a terminal would act on.
-        if value is not None and CONTROL.search(value):
-            raise ValueError("printable text without control characters (a user name or an "
-                             f"email address), got {value[:64]!r}")
-        return value
+        return _printable(value)
 
     @field_validator("timezone")
     @classmethod
     def _known_timezone(cls, value: str) -> str:
-        if value not in _timezones():
-            raise ValueError(f"unknown IANA timezone '{value}' (e.g. 'Europe/Berlin')")
-        return value
+        return _known_timezone(value)
 
     @field_validator("schedule")
     @classmethod
-    def _valid_cron(cls, value: str | None) -> str | None:
+    def _valid_cron(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             try:
-                parse_cron(value)
+                # Cached: a definition read again (a takeover, a client's read) is not parsed
+                # again. An `H` is hashed from the job_id (validated before this field).
+                compiled(value, info.data.get("job_id", ""))
             except CronError as exc:
                 raise ValueError(f"invalid cron expression '{value}': {exc}") from None
         return value
@@ -349,7 +359,31 @@ class JobDefinition(Record):
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("end_at must be later than start_at")
         self._check_concurrency()
+        self._check_timing()
         return self
+
+    def _check_timing(self) -> None:
+        """calendar, on_excluded, jitter_seconds and max_runs, for the types they mean
+        something for."""
+        if self.calendar is not None and self.type not in ("CRON", "INTERVAL"):
+            raise ValueError(f"calendar: only for types CRON and INTERVAL, not {self.type}")
+        if self.on_excluded != "SKIP":
+            if self.calendar is None:
+                raise ValueError(f"on_excluded: {self.on_excluded} needs a calendar")
+            if self.type != "CRON":
+                raise ValueError(f"on_excluded: {self.on_excluded} moves a fire to another day at "
+                                 "the same wall-clock time: only for type CRON (an INTERVAL job "
+                                 "can only SKIP)")
+        if self.type == "DEPENDENT":
+            for field, given in (("jitter_seconds", self.jitter_seconds != 0),
+                                 ("max_runs", self.max_runs is not None)):
+                if given:
+                    raise ValueError(f"{field}: not for type DEPENDENT (it runs with its "
+                                     "upstreams, not on a clock)")
+        if (self.type == "INTERVAL" and self.interval_seconds is not None
+                and self.jitter_seconds >= self.interval_seconds):
+            raise ValueError(f"jitter_seconds: {self.jitter_seconds} must be less than "
+                             f"interval_seconds ({self.interval_seconds})")
 
     def _check_concurrency(self) -> None:
         limit = self.max_concurrent_runs
@@ -383,6 +417,96 @@ class JobDefinition(Record):
 @lru_cache(maxsize=1024)
 def zone_named(name: str) -> ZoneInfo:
     return ZoneInfo(name)
+
+
+def _printable(value: str | None) -> str | None:
+    # Whoever publishes writes it (a claim, not an identity): printed by history and
+    # describe, so it never carries what a terminal would act on.
+    if value is not None and CONTROL.search(value):
+        raise ValueError("printable text without control characters (a user name or an "
+                         f"email address), got {value[:64]!r}")
+    return value
+
+
+def _known_timezone(value: str) -> str:
+    if value not in _timezones():
+        raise ValueError(f"unknown IANA timezone '{value}' (e.g. 'Europe/Berlin')")
+    return value
+
+
+@lru_cache(maxsize=1)
+def _holiday_countries() -> dict[str, list[str]]:
+    import holidays  # imported once a calendar names holidays: it loads ~250 countries
+
+    return holidays.list_supported_countries(include_aliases=False)
+
+
+class HolidaySource(BaseModel):
+    """The public holidays a calendar excludes: a country of the `holidays` package (ISO
+    3166-1 alpha-2) and optionally one of its subdivisions (a state, a province), observed
+    days included."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    country: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]
+    subdivision: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> HolidaySource:
+        countries = _holiday_countries()
+        if self.country not in countries:
+            raise ValueError(f"country: {self.country!r} is not a country of the holidays package "
+                             "(ISO 3166-1 alpha-2, e.g. 'US', 'DE')")
+        subdivisions = countries[self.country]
+        if self.subdivision is not None and self.subdivision not in subdivisions:
+            known = ", ".join(subdivisions[:20]) + (", ..." if len(subdivisions) > 20 else "")
+            raise ValueError(f"subdivision: {self.subdivision!r} is not a subdivision of "
+                             f"{self.country} (" + (f"known: {known})" if known else "it has none)"))
+        return self
+
+
+# Dates a calendar lists: as many as ten years of days, each in the range of instants.
+MAX_CALENDAR_DATES = 3660
+CalendarDate = Annotated[date, Field(ge=EARLIEST.date(), le=LATEST.date())]
+
+
+class Calendar(Record):
+    """A named calendar, on the compacted `calendars` topic (key: calendar_id; null value
+    deletes): the days a job that names it does not fire on (docs/decisions/0055).
+
+    A day (in the calendar's `timezone`) is excluded when it is a public holiday of
+    `holidays`, is listed in `exclude_dates` or falls on one of `exclude_weekdays` — unless
+    `include_dates` lists it: an included date is never excluded.
+    """
+
+    calendar_id: CalendarId
+    timezone: str = "UTC"
+    exclude_dates: Annotated[list[CalendarDate], Field(max_length=MAX_CALENDAR_DATES)] = Field(
+        default_factory=list)
+    include_dates: Annotated[list[CalendarDate], Field(max_length=MAX_CALENDAR_DATES)] = Field(
+        default_factory=list)
+    exclude_weekdays: Annotated[list[Weekday], Field(max_length=7)] = Field(default_factory=list)
+    holidays: HolidaySource | None = None
+    description: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
+    created_at: UtcDatetime | None = None
+
+    @field_validator("created_by", "description")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        return _printable(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        return _known_timezone(value)
+
+    @field_validator("exclude_weekdays")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists a weekday more than once")
+        return value
 
 
 class JobSnapshot(Record):

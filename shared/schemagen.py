@@ -17,6 +17,7 @@ from typing import Any
 
 from cronstream.shared.records import (
     Alert,
+    Calendar,
     Command,
     ExecutionEvent,
     Heartbeat,
@@ -36,6 +37,7 @@ MODELS: dict[str, type[Record]] = {
     "command": Command,
     "alert": Alert,
     "log-batch": LogBatch,
+    "calendar": Calendar,
 }
 
 

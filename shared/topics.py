@@ -18,6 +18,7 @@ the queues they use, with the same settings.
 | dispatcher-state   | P          | compact        | job_id (partition of the job)|
 | commands           | 1          | delete 1 d     | execution_id                 |
 | alerts             | 1          | delete 14 d    | job_id                       |
+| calendars          | 1          | compact        | calendar_id                  |
 | work.<tier>.<queue>| P          | delete 7 d     | job_id                       |
 
 P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6); S the shards of the clock,
@@ -112,10 +113,17 @@ class Topics:
     def alerts(self) -> str:
         return f"{self.prefix}alerts"
 
+    @property
+    def calendars(self) -> str:
+        """Named calendars (key: calendar_id; null deletes): one partition, since every
+        scheduler shard and the monitor read all of them."""
+        return f"{self.prefix}calendars"
+
     def public(self) -> list[str]:
         """The topics other systems produce to or consume from: a compatibility contract
         (schemas/asyncapi.yaml, docs/consuming-events.md)."""
-        return [self.job_definitions, self.execution_events, self.alerts, self.dead_letters]
+        return [self.job_definitions, self.calendars, self.execution_events, self.alerts,
+                self.dead_letters]
 
     def shard(self, job_id: str) -> int:
         """The partition of `scheduler-state` and `retries` that holds what the clock keeps
@@ -149,6 +157,7 @@ class Topics:
             TopicSpec(self.dispatcher_state, p, dict(_COMPACT)),
             TopicSpec(self.commands, 1, {"retention.ms": str(_DAY_MS)}),
             TopicSpec(self.alerts, 1, {"retention.ms": str(14 * _DAY_MS)}),
+            TopicSpec(self.calendars, 1, dict(_COMPACT)),
             *self.work_specs(queues),
         ]
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from cronstream.cli import (
+    calendar_cmds,
     completion_cmd,
     dev_cmd,
     history_cmds,
@@ -34,9 +35,9 @@ from cronstream.cli.output import emit
 
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
-    "alerts", "apply", "approve", "backfill", "cancel", "completion", "delete", "describe", "diff",
-    "get", "history", "jobs", "kafka-acls", "logs", "pause", "preview", "reject", "resume", "runs",
-    "schedulers", "tail", "trigger", "workers"})
+    "alerts", "apply", "approve", "backfill", "calendar", "calendars", "cancel", "completion",
+    "delete", "describe", "diff", "get", "history", "jobs", "kafka-acls", "logs", "pause", "preview",
+    "reject", "resume", "runs", "schedulers", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,7 +96,8 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, history_cmds, logs_cmd,
-               completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd, schedulers_cmd):
+               completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd, schedulers_cmd,
+               calendar_cmds):
     for command in module.COMMANDS:
         cli.add_command(command)
 

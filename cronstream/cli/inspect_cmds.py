@@ -21,7 +21,8 @@ from cronstream.client import Client
 from cronstream.definitions import document
 from cronstream.errors import NotFoundError
 from cronstream.executions import Execution
-from cronstream.shared.records import JobDefinition
+from cronstream.shared.calendars import ResolvedCalendar, resolve
+from cronstream.shared.records import Calendar, JobDefinition
 from cronstream.shared.schedule import first_fire, upcoming
 
 
@@ -30,6 +31,42 @@ def _definition(client: Client, job_id: str) -> tuple[JobDefinition, Any]:
     if not rows:
         raise NotFoundError(f"no job {job_id!r}", job_id=job_id)
     return JobDefinition.model_validate_json(rows[0]["definition"]), rows[0]
+
+
+def _calendar(client: Client, d: JobDefinition) -> ResolvedCalendar | None:
+    """The projected calendar `d` names (None: it names none, or it is not applied)."""
+    if d.calendar is None:
+        return None
+    rows = Plumbing(client).fetch("calendar_documents", [d.calendar])
+    return resolve(Calendar.model_validate_json(rows[0]["definition"])) if rows else None
+
+
+def _timing_fields(d: JobDefinition, calendar: ResolvedCalendar | None) -> None:
+    if d.calendar is not None:
+        _field("Calendar", f"{d.calendar}, on excluded days {d.on_excluded}"
+                           + ("" if calendar is not None else " (not applied: the job does not fire)"))
+    if d.jitter_seconds or d.max_runs is not None:
+        _field("Timing", ", ".join(
+            ([f"jitter < {d.jitter_seconds}s"] if d.jitter_seconds else [])
+            + ([f"stops after {d.max_runs} runs"] if d.max_runs is not None else [])))
+
+
+def _next_fires(d: JobDefinition, count: int, calendar: ResolvedCalendar | None) -> None:
+    emit("Next fires:" + ("" if d.enabled else " (paused: none will fire until resumed)"))
+    now = datetime.now(UTC)
+    if d.type == "ONE_TIME":
+        first = first_fire(d, now, None)
+        times = [first] if first else []
+    elif d.calendar is not None and calendar is None:
+        emit(f"  none: its calendar {d.calendar!r} is not applied")
+        return
+    else:
+        times = upcoming(d, now, count, calendar=calendar)
+    for fire in times:
+        local = fire.astimezone(d.zone)
+        emit(f"  {_when(fire)}  {local.isoformat(timespec='seconds')} {local.tzname()}")
+    if not times:
+        emit("  none")
 
 
 def _execution(client: Client, execution_id: uuid.UUID) -> Execution:
@@ -126,6 +163,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     """Definition, next fires, recent runs and DAG position of JOB_ID."""
     with state.client() as client:
         d, row = _definition(client, job_id)
+        calendar = _calendar(client, d)
         downstream = [r["downstream_job_id"]
                       for r in Plumbing(client).fetch("job_downstream_ids", job_id)]
         recent = client.runs(job_id, limit=n_runs) if n_runs else []
@@ -143,6 +181,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
                        f"(grace {d.misfire_grace_seconds:g}s)")
     if d.start_at or d.end_at:
         _field("Active", f"from {_when(d.start_at)} until {_when(d.end_at)}")
+    _timing_fields(d, calendar)
     _field("Created", f"{_when(d.created_at)} by {d.created_by or '-'}")
     _field("Updated", _when(row["updated_at"]))
     if row["version"] is not None:
@@ -157,18 +196,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
         emit("  approval:     required (approve / reject)")
     emit(f"  downstream:   {', '.join(downstream) or '-'}")
     if fires and d.type != "DEPENDENT":
-        emit("Next fires:" + ("" if d.enabled else " (paused: none will fire until resumed)"))
-        now = datetime.now(UTC)
-        if d.type == "ONE_TIME":
-            first = first_fire(d, now, None)
-            times = [first] if first else []
-        else:
-            times = upcoming(d, now, fires)
-        for fire in times:
-            local = fire.astimezone(d.zone)
-            emit(f"  {_when(fire)}  {local.isoformat(timespec='seconds')} {local.tzname()}")
-        if not times:
-            emit("  none")
+        _next_fires(d, fires, calendar)
     emit("Recent runs:")
     if not recent:
         emit("  none")

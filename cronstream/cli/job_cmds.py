@@ -9,16 +9,19 @@ from typing import Any, Literal
 import click
 
 from cronstream._plumbing import Plumbing, client_identity
+from cronstream.calendar_files import load_calendar_sources
 from cronstream.cli.common import CliState, pass_state
-from cronstream.cli.output import emit
+from cronstream.cli.output import dump_json, emit, output_option
+from cronstream.cli.previews import preview_of
 from cronstream.cli.run_params import given_params, params_options
 from cronstream.cli.view_cmds import fetch
 from cronstream.client import Client
 from cronstream.definitions import check_dags, document, load_sources, without_stamps
-from cronstream.errors import DefinitionError, ParamsError
+from cronstream.errors import CronstreamError, DefinitionError, ParamsError
+from cronstream.shared.calendars import ResolvedCalendar, resolve
 from cronstream.shared.ids import retry_execution_id
-from cronstream.shared.records import JobDefinition
-from cronstream.shared.schedule import first_fire, upcoming
+from cronstream.shared.records import Calendar, JobDefinition
+from cronstream.shared.schedule import upcoming
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 from cronstream.versions import document_diff
 
@@ -144,26 +147,55 @@ def _parse_time(value: str | None) -> datetime:
 @_files_option
 @click.option("--from", "start", help="Start time, ISO 8601 with offset (default now).")
 @click.option("--count", default=5, show_default=True, type=click.IntRange(1, 10_000))
-def preview(paths: tuple[str, ...], start: str | None, count: int) -> None:
+@click.option("--calendar-file", "calendar_files", multiple=True, type=click.Path(allow_dash=True),
+              help="Calendars to preview with (as `calendar apply -f` reads them); a calendar a "
+                   "definition names that no such file holds is read from Kafka. Repeatable.")
+@output_option(default="text", choices=("text", "json"))
+@pass_state
+def preview(state: CliState, paths: tuple[str, ...], start: str | None, count: int,
+            calendar_files: tuple[str, ...], fmt: str) -> None:
     """The next fire times of each definition, in UTC and in its own timezone, computed
-    by the scheduler's own code."""
+    by the scheduler's own code: its calendar applied (the instants it excludes listed with
+    the reason), its jitter added, at most its max_runs."""
     after = _parse_time(start)
-    for definition in _load(paths):
-        emit(f"{definition.job_id} ({definition.type}, {definition.timezone}):")
-        if definition.type == "DEPENDENT":
-            emit("  runs when its upstreams finish: " + ", ".join(definition.depends_on))
-            continue
-        if definition.type == "ONE_TIME":
-            first = first_fire(definition, after, None)
-            fires = [first] if first else []
-        else:
-            fires = upcoming(definition, after, count)
-        if not fires:
-            emit("  no fires")
-        for fire in fires:
-            local = fire.astimezone(definition.zone)
-            emit(f"  {fire.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z  "
-                       f"{local.isoformat(timespec='seconds')} {local.tzname()}")
+    definitions = _load(paths)
+    calendars = _calendars_for(state, definitions, calendar_files)
+    previews = [preview_of(d, after, count, calendars) for d in definitions]
+    if fmt == "json":
+        emit(dump_json([p.as_json() for p in previews]))
+        return
+    for p in previews:
+        for line in p.lines():
+            emit(line)
+
+
+def _calendars_for(state: CliState, definitions: list[JobDefinition],
+                   files: tuple[str, ...]) -> dict[str, ResolvedCalendar]:
+    """The calendars the definitions name: from `files` first, else from Kafka."""
+    named = {d.calendar for d in definitions if d.calendar is not None}
+    if not named:
+        return {}
+    given: dict[str, Calendar] = {}
+    if files:
+        try:
+            given = {c.calendar_id: c for c in load_calendar_sources(files)}
+        except DefinitionError as exc:
+            raise click.ClickException(f"--calendar-file:\n{exc}") from None
+    if named - set(given):
+        try:
+            with state.client() as client:
+                live = client.calendars()
+        except CronstreamError as exc:
+            raise click.ClickException(
+                f"{exc}\n(the calendars {', '.join(sorted(named - set(given)))} are read from "
+                "Kafka; give them with --calendar-file to preview offline)") from None
+        given = {**live, **given}
+    missing = sorted(named - set(given))
+    if missing:
+        users = sorted(d.job_id for d in definitions if d.calendar in missing)
+        raise click.ClickException(f"calendar: no calendar {', '.join(map(repr, missing))} (named by "
+                                   f"{', '.join(users)}); apply it, or give it with --calendar-file")
+    return {calendar_id: resolve(given[calendar_id]) for calendar_id in named}
 
 
 @click.command()
@@ -191,8 +223,10 @@ def backfill(state: CliState, job_id: str, start: str, end: str, limit: int, dry
         definition, offset = plumbing.get_with_offset(job_id)
         if definition.type == "DEPENDENT":
             raise click.ClickException(f"{job_id} is DEPENDENT: it runs with its upstreams")
-        fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1)
-                 if f <= last]
+        # The fires its schedule had: its calendar applied (max_runs is not a backfill's).
+        calendar = None if definition.calendar is None else resolve(client.calendar(definition.calendar))
+        fires = [f for f in upcoming(definition, first - timedelta(milliseconds=1), limit + 1,
+                                     calendar=calendar) if f <= last]
         if len(fires) > limit:
             raise click.ClickException(f"more than {limit} fires in that range; narrow it or "
                                        f"raise --max")

@@ -13,24 +13,31 @@ rule of `services/scheduler/clock.py` (a unit test holds the two together):
 The axis is cut into buckets (one per few pixels); a job is asked for at most one fire
 per bucket by jumping to the end of each bucket before asking for the next fire, so a
 job firing every second costs as much to draw as one firing every hour.
+
+A job with a calendar (docs/decisions/0055) is projected with it: the days it excludes
+are shown as spans of the row, with the reason, and a fire the calendar moved to another
+day (NEXT_DAY, PREVIOUS_DAY) is marked `moved`, saying from where.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from typing import Literal
 
+from cronstream.shared.calendars import ResolvedCalendar
+from cronstream.shared.cron import resolve_local
 from cronstream.shared.records import JobDefinition
-from cronstream.shared.schedule import next_fire
+from cronstream.shared.schedule import next_fire, plan_next
 
-__all__ = ["Mark", "Row", "Window", "load", "missed_fires", "project_row"]
+__all__ = ["ExcludedDay", "Mark", "Row", "Window", "excluded_days", "load", "missed_fires",
+           "project_row"]
 
 _MS = timedelta(milliseconds=1)
 MAX_MISSED = 1000
 
-MarkKind = Literal["ok", "failed", "active", "projected", "late", "skipped", "due"]
+MarkKind = Literal["ok", "failed", "active", "projected", "moved", "late", "skipped", "due"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,17 @@ class Mark:
     kind: MarkKind
     at: datetime
     count: int = 1
+    detail: str = ""  # a moved fire: where from, and why
+
+
+@dataclass(frozen=True)
+class ExcludedDay:
+    """A day the job's calendar excludes, as a span of its row."""
+
+    first: int
+    last: int
+    day: str  # YYYY-MM-DD, in the calendar's timezone
+    reason: str
 
 
 @dataclass
@@ -71,16 +89,19 @@ class Row:
     note: str = ""           # why nothing is projected, or a warning (overlaps)
     overlaps: bool = False
     typical_seconds: float | None = None
+    excluded: list[ExcludedDay] = field(default_factory=list)
+    calendar: str | None = None
 
 
 def missed_fires(definition: JobDefinition, last_fire: datetime | None,
-                 now: datetime) -> list[tuple[datetime, MarkKind]]:
+                 now: datetime, *, calendar: ResolvedCalendar | None = None
+                 ) -> list[tuple[datetime, MarkKind]]:
     """Fires due between the scheduler's last fire and `now`, with what the scheduler
     will do about each: "due" (within the grace), "late" (will fire when the scheduler
     catches up), "skipped" (the misfire policy drops it)."""
     if last_fire is None:
         return []
-    due = next_fire(definition, last_fire)
+    due = next_fire(definition, last_fire, calendar=calendar)
     if due is None or due > now:
         return []
     if (now - due).total_seconds() <= definition.misfire_grace_seconds:
@@ -89,7 +110,7 @@ def missed_fires(definition: JobDefinition, last_fire: datetime | None,
     t: datetime | None = due
     while t is not None and t <= now and len(missed) < MAX_MISSED:
         missed.append(t)
-        t = next_fire(definition, t)
+        t = next_fire(definition, t, calendar=calendar)
     policy = definition.misfire_policy
     late: MarkKind = "late"
     skipped: MarkKind = "skipped"
@@ -101,26 +122,52 @@ def missed_fires(definition: JobDefinition, last_fire: datetime | None,
 
 
 def _projected(definition: JobDefinition, after: datetime, window: Window,
-               typical: timedelta) -> list[Mark]:
+               typical: timedelta, calendar: ResolvedCalendar | None) -> list[Mark]:
     """At most one mark per bucket from `after` to the end of the window."""
     marks: list[Mark] = []
     t = after
+    zone = definition.zone
     while len(marks) <= window.buckets:
-        fire = next_fire(definition, t)
-        if fire is None or fire >= window.end:
+        planned = plan_next(definition, t, calendar=calendar)
+        if planned is None or planned.at >= window.end:
             break
+        fire = planned.at
         first = window.bucket(fire)
-        marks.append(Mark(first, window.bucket(fire + typical), "projected", fire))
+        if planned.moved_from is not None:
+            moved = planned.moved_from.astimezone(zone).strftime("%a %Y-%m-%d %H:%M")
+            marks.append(Mark(first, window.bucket(fire + typical), "moved", fire,
+                              detail=f"moved from {moved} ({planned.moved_because})"))
+        else:
+            marks.append(Mark(first, window.bucket(fire + typical), "projected", fire))
         # Jump to the end of this bucket: the next mark lands in a later one.
         t = max(fire, window.bucket_end(first) - _MS)
     return marks
 
 
-def _min_gap(definition: JobDefinition, now: datetime) -> timedelta | None:
+def excluded_days(calendar: ResolvedCalendar, window: Window) -> list[ExcludedDay]:
+    """The days of the window `calendar` excludes, each a span from its midnight to the
+    next (in the calendar's timezone), clamped to the window."""
+    zone = calendar.zone
+    found: list[ExcludedDay] = []
+    day = window.start.astimezone(zone).date()
+    while True:
+        start = resolve_local(datetime.combine(day, time()), zone)
+        if start >= window.end:
+            return found
+        end = resolve_local(datetime.combine(day + timedelta(days=1), time()), zone)
+        reason = calendar.excluded(day)
+        if reason is not None and end > window.start:
+            found.append(ExcludedDay(window.bucket(max(start, window.start)),
+                                     window.bucket(min(end, window.end) - _MS), day.isoformat(), reason))
+        day += timedelta(days=1)
+
+
+def _min_gap(definition: JobDefinition, now: datetime,
+             calendar: ResolvedCalendar | None) -> timedelta | None:
     fires: list[datetime] = []
     t: datetime | None = now
     while t is not None and len(fires) < 4:
-        t = next_fire(definition, t)
+        t = next_fire(definition, t, calendar=calendar)
         if t is not None:
             fires.append(t)
     gaps = [b - a for a, b in itertools.pairwise(fires)]
@@ -128,21 +175,28 @@ def _min_gap(definition: JobDefinition, now: datetime) -> timedelta | None:
 
 
 def project_row(definition: JobDefinition, *, enabled: bool, last_fire: datetime | None,
-                typical_seconds: float | None, now: datetime, window: Window) -> Row:
-    """The projected part of one job's row (past runs are added by the caller)."""
-    row = Row(definition.job_id, typical_seconds=typical_seconds)
+                typical_seconds: float | None, now: datetime, window: Window,
+                calendar: ResolvedCalendar | None = None) -> Row:
+    """The projected part of one job's row (past runs are added by the caller);
+    `calendar`: the one the definition names, when it does."""
+    row = Row(definition.job_id, typical_seconds=typical_seconds, calendar=definition.calendar)
     if definition.type == "DEPENDENT":
         row.note = "runs after " + ", ".join(definition.depends_on)
         return row
+    if definition.calendar is not None:
+        if calendar is None:
+            row.note = f"calendar {definition.calendar} is not applied: no fires"
+            return row
+        row.excluded = excluded_days(calendar, window)
     if not enabled:
         row.note = "paused: no fires until resumed"
         return row
     typical = timedelta(seconds=typical_seconds or 0)
-    for at, kind in missed_fires(definition, last_fire, now):
+    for at, kind in missed_fires(definition, last_fire, now, calendar=calendar):
         if window.contains(at):
             row.marks.append(Mark(window.bucket(at), window.bucket(at), kind, at))
-    row.marks.extend(_projected(definition, max(now, window.start - _MS), window, typical))
-    gap = _min_gap(definition, now)
+    row.marks.extend(_projected(definition, max(now, window.start - _MS), window, typical, calendar))
+    gap = _min_gap(definition, now, calendar)
     limit = definition.max_concurrent_runs
     if gap is not None and typical_seconds and typical > gap:
         row.overlaps = True

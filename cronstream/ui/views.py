@@ -7,6 +7,7 @@ validated here and a bad one raises ValueError naming it (a 400 for the user).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -15,8 +16,9 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from cronstream.shared.calendars import ResolvedCalendar, resolve
 from cronstream.shared.condition import ConditionError, parse_condition
-from cronstream.shared.records import ExecutionStatus, JobDefinition
+from cronstream.shared.records import Calendar, ExecutionStatus, JobDefinition
 from cronstream.shared.schedule import upcoming
 from cronstream.shared.statuses import FINAL, TERMINAL, Status
 from cronstream.ui import graph
@@ -134,7 +136,9 @@ async def job(store: Store, job_id: str, params: Mapping[str, str]) -> dict[str,
     definition = _definition(row["definition"])
     fires: list[datetime] = []
     if definition is not None and definition.type != "DEPENDENT" and row["deleted_at"] is None:
-        fires = upcoming(definition, now, 10)
+        calendar = (await _calendars(store, [definition])).get(definition.calendar or "")
+        if definition.calendar is None or calendar is not None:
+            fires = upcoming(definition, now, 10, calendar=calendar)
     runs = await store.fetch("job_runs", job_id, before, PAGE_SIZE + 1)
     durations = await store.fetchrow("job_durations", job_id)
     # One more than shown: the oldest shown says what it changed too.
@@ -316,6 +320,18 @@ async def alerts(store: Store, params: Mapping[str, str]) -> dict[str, Any]:
 
 # -- Timeline ---------------------------------------------------------------------------
 
+
+async def _calendars(store: Store, definitions: list[JobDefinition]) -> dict[str, ResolvedCalendar]:
+    """The projected calendars the definitions name, resolved (once per version)."""
+    named = sorted({d.calendar for d in definitions if d.calendar is not None})
+    if not named:
+        return {}
+    found = {}
+    for r in await store.fetch("calendar_documents", named):
+        with contextlib.suppress(ValueError):
+            found[r["calendar_id"]] = resolve(Calendar.model_validate_json(r["definition"]))
+    return found
+
 PLOT_X, PLOT_W, ROW_H, AXIS_H, LOAD_H = 210, 960, 22, 26, 44
 
 
@@ -360,13 +376,16 @@ async def timeline(store: Store, params: Mapping[str, str]) -> dict[str, Any]:
     past = _past_marks(await store.fetch("timeline_past", ids, window.start, window.end,
                                          window.buckets), window) if ids else {}
     rows: list[Row] = []
+    definitions = {r["job_id"]: _definition(r["definition"]) for r in page_rows}
+    calendars = await _calendars(store, [d for d in definitions.values() if d is not None])
     for r in page_rows:
-        definition = _definition(r["definition"])
+        definition = definitions[r["job_id"]]
         if definition is None:
             row = Row(r["job_id"], note="definition cannot be read")
         else:
             row = project_row(definition, enabled=r["enabled"], last_fire=r["last_fire"],
-                              typical_seconds=r["p50"], now=now, window=window)
+                              typical_seconds=r["p50"], now=now, window=window,
+                              calendar=calendars.get(definition.calendar or ""))
         row.marks = past.get(r["job_id"], []) + row.marks
         rows.append(row)
     bucket_w = PLOT_W / window.buckets

@@ -110,8 +110,10 @@ class FireLedger:
             if job is not None:
                 job.invalid = True
             return
-        if definition.type == "DEPENDENT":
-            self.jobs.pop(job_id, None)  # started by its upstreams, never on a clock
+        if definition.type == "DEPENDENT" or definition.calendar is not None:
+            # DEPENDENT: started by its upstreams, never on a clock. A calendar: its fires
+            # need the calendar, which analytics does not read (yet): not judged.
+            self.jobs.pop(job_id, None)
             return
         late_ms = int(late_after_s * 1000)
         finish_ms = None if finish_within_s is None else int(finish_within_s * 1000)

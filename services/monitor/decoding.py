@@ -4,8 +4,10 @@ Every item keeps its (partition, offset) so that the part another monitor has al
 projected can be left out (store.py: the fence). Records that do not decode are
 dead-lettered (published with the batch, before its PostgreSQL commit); bad
 `job-definitions` records are the scheduler's to dead-letter, so the monitor only logs
-and skips them. A log record keeps its message: lines of it refused where they are kept
-(log_bounds.py) dead-letter it then, through the same path (`reject`).
+and skips them. Bad `calendars` records are the monitor's to dead-letter: every
+scheduler shard reads that topic, and none of them owns it. A log record keeps its
+message: lines of it refused where they are kept (log_bounds.py) dead-letter it then,
+through the same path (`reject`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from cronstream.shared.records import (
     DELETED_BY_HEADER,
     MAX_LOG_BATCH_BYTES,
     Alert,
+    Calendar,
     Command,
     Heartbeat,
     JobDefinition,
@@ -53,6 +56,19 @@ class DefinitionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CalendarRecord:
+    """One record of `calendars`: a calendar, or a delete (None) with who deleted it;
+    when it was written, and where."""
+
+    calendar_id: str
+    calendar: Calendar | None
+    recorded_at: datetime
+    partition: int
+    offset: int
+    deleted_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumedLog:
     """One record of `execution-logs`: its batch of lines, where it was read, and the record
     itself (dead-lettered when its lines are refused: services/monitor/log_bounds.py)."""
@@ -70,6 +86,7 @@ class MonitorBatch:
     events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[tuple[Heartbeat, int, int]] = field(default_factory=list)
     definitions: list[DefinitionRecord] = field(default_factory=list)
+    calendars: list[CalendarRecord] = field(default_factory=list)
     commands: list[tuple[Command, int, int]] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     logs: list[ConsumedLog] = field(default_factory=list)
@@ -117,6 +134,13 @@ class Decoder:
                     batch.commands.append((decode(Command, msg.value()), partition, offset))
                 elif topic == t.alerts:
                     batch.alerts.append((decode(Alert, msg.value()), partition, offset))
+                elif topic == t.calendars:
+                    calendar_id = decode_key(msg.key())
+                    calendar = None if msg.value() is None else decode(
+                        Calendar, msg.value(), key=msg.key(), key_field="calendar_id")
+                    batch.calendars.append(CalendarRecord(
+                        calendar_id, calendar, from_epoch_ms(record_time_ms(msg)), partition, offset,
+                        None if calendar is not None else _deleted_by(msg)))
                 else:
                     job_id = decode_key(msg.key())
                     definition = None if msg.value() is None else decode(

@@ -44,7 +44,7 @@ import asyncpg
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cronstream.services.monitor.outbound import Outbound
-from cronstream.services.monitor.store import ProjectionStore
+from cronstream.services.monitor.store import ProjectionStore, calendars_of
 from cronstream.services.monitor.upstream import step_upstream
 from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
@@ -245,13 +245,16 @@ class Housekeeping:
             return
         now = now_utc()
         ids, times = [], []
+        named = sorted({r["calendar"] for r in rows if r["calendar"] is not None})
+        calendars = await calendars_of(self.pool, named) if named else {}
         for row in rows:
             # The row's timing columns, written from the same definition: this runs up to
             # once per fire of every job, and parsing the whole definition cost the most.
             job_id, *timing = row
+            stored = StoredTiming(*timing)
             try:
-                upcoming = next_fire(StoredTiming(*timing), now)
-            except Exception:  # a definition the scheduler suspends: no next run
+                upcoming = next_fire(stored, now, calendar=calendars.get(stored.calendar or ""))
+            except Exception:  # a definition the scheduler suspends (or its calendar is gone)
                 upcoming = None
             ids.append(job_id)
             times.append(upcoming)

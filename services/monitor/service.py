@@ -1,7 +1,7 @@
 """The monitor: the exactly-once PostgreSQL projection, and what follows from it.
 
-Consumes `execution-events`, `heartbeats`, `job-definitions`, `commands` and `alerts`
-(read_committed). The rooms:
+Consumes `execution-events`, `heartbeats`, `job-definitions`, `calendars`, `commands` and
+`alerts` (read_committed). The rooms:
 - decoding.py: a batch through the one inbound path (dead letters on any failure);
 - store.py: the fenced projection, one PostgreSQL transaction per batch with its offsets;
 - log_bounds.py: each delivery's log kept to its limit, nothing kept after its end;
@@ -186,7 +186,7 @@ class MonitorService:
         try:
             await consumer.subscribe(
                 [t.execution_events, t.execution_logs, t.heartbeats, t.job_definitions,
-                 t.commands, t.alerts],
+                 t.commands, t.alerts, t.calendars],
                 on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
             writer = self._writer = asyncio.create_task(self._write_batches())
             tasks = [writer, *[asyncio.create_task(task()) for task in alongside]]
@@ -381,6 +381,7 @@ class MonitorService:
         t = self.topics
         for topic, count in ((t.execution_events, len(fresh.events)), (t.heartbeats, len(fresh.beats)),
                              (t.job_definitions, len(fresh.definitions)),
+                             (t.calendars, len(fresh.calendars)),
                              (t.commands, len(fresh.commands)), (t.alerts, len(fresh.alerts)),
                              (t.execution_logs, len(fresh.logs))):
             if count:

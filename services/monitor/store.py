@@ -29,7 +29,12 @@ from uuid import UUID
 import asyncpg
 from confluent_kafka import Message
 
-from cronstream.services.monitor.decoding import ConsumedLog, DefinitionRecord, MonitorBatch
+from cronstream.services.monitor.decoding import (
+    CalendarRecord,
+    ConsumedLog,
+    DefinitionRecord,
+    MonitorBatch,
+)
 from cronstream.services.monitor.log_bounds import (
     DEFAULT_LIMIT,
     Admitted,
@@ -46,10 +51,11 @@ from cronstream.services.monitor.projection import (
     heartbeat_arrays,
     patch_rows,
 )
+from cronstream.shared.calendars import ResolvedCalendar, resolve
 from cronstream.shared.db import query
 from cronstream.shared.fast_records import EventRecord
 from cronstream.shared.logs import log
-from cronstream.shared.records import Alert, Command, Heartbeat, LogBatch, now_utc
+from cronstream.shared.records import Alert, Calendar, Command, Heartbeat, LogBatch, now_utc
 from cronstream.shared.schedule import next_fire
 from cronstream.shared.statuses import TERMINAL
 from cronstream.shared.topics import Topics
@@ -75,6 +81,7 @@ class Fresh:
     events: list[tuple[EventRecord, int, int]] = field(default_factory=list)
     beats: list[Heartbeat] = field(default_factory=list)
     definitions: list[DefinitionRecord] = field(default_factory=list)
+    calendars: list[CalendarRecord] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     alerts: list[tuple[Alert, int, int]] = field(default_factory=list)
     logs: list[ConsumedLog] = field(default_factory=list)
@@ -86,7 +93,7 @@ class Fresh:
     @property
     def count(self) -> int:
         return len(self.events) + len(self.beats) + len(self.definitions) + len(self.commands) \
-            + len(self.alerts) + len(self.logs)
+            + len(self.alerts) + len(self.logs) + len(self.calendars)
 
 
 def clean(value: Any) -> Any:
@@ -247,6 +254,7 @@ def unprojected(conn: Any, batch: MonitorBatch, stored: dict[tuple[str, int], in
         beats=[b for b, p, o in batch.beats if new(t.heartbeats, p, o)],
         definitions=[d for d in batch.definitions
                      if new(t.job_definitions, d.partition, d.offset)],
+        calendars=[c for c in batch.calendars if new(t.calendars, c.partition, c.offset)],
         commands=[c for c, p, o in batch.commands if new(t.commands, p, o)],
         alerts=[a for a in batch.alerts if new(t.alerts, a[1], a[2])],
         logs=[c for c in batch.logs if new(t.execution_logs, c.partition, c.offset)],
@@ -300,8 +308,10 @@ class ProjectionStore:
         conn = fresh.conn
         tidy = cleaned if sanitize else (lambda columns: columns)
         patches: list[ExecutionPatch] = []
-        # Definitions first: an execution of a definition projected in the same batch names
-        # its version at once.
+        # Calendars first, then definitions: a definition's next run reads its calendar, and
+        # an execution of a definition projected in the same batch names its version at once.
+        for calendar in fresh.calendars:
+            await self._calendar(conn, calendar, sanitize)
         for record in fresh.definitions:
             await self._definition(conn, record, sanitize)
         if fresh.events:
@@ -340,7 +350,9 @@ class ProjectionStore:
         upcoming = None
         if d.enabled and d.type != "DEPENDENT":
             try:
-                upcoming = next_fire(d, max(now_utc(), seen_at))
+                calendar = None if d.calendar is None else (
+                    await calendars_of(conn, [d.calendar])).get(d.calendar)
+                upcoming = next_fire(d, max(now_utc(), seen_at), calendar=calendar)
             except Exception as exc:  # the scheduler suspends such a job; show no next run
                 log(logger, "next_fire_unknown", logging.WARNING, job_id=job_id, error=str(exc)[:300])
         args: list[Any] = [
@@ -350,6 +362,7 @@ class ProjectionStore:
             d.retry_delay_seconds, d.max_retry_delay_seconds, d.timeout_seconds, d.priority,
             d.queue, d.concurrency_policy, d.misfire_policy, d.misfire_grace_seconds, d.enabled,
             d.created_by, d.created_at, upcoming, seen_at, document, version, record.offset,
+            d.calendar, d.on_excluded, d.jitter_seconds, d.max_runs,
         ]
         if sanitize:
             args = [clean(a) for a in args]
@@ -357,3 +370,33 @@ class ProjectionStore:
         await conn.execute(query("delete_dependencies"), job_id)
         if d.depends_on:
             await conn.execute(query("insert_dependencies"), job_id, list(d.depends_on))
+
+    async def _calendar(self, conn: Any, record: CalendarRecord, sanitize: bool) -> None:
+        """A calendar (or a delete) of `calendars`: its next version (history), its current
+        form, and the jobs that name it due for a new next run (housekeeping)."""
+        c = record.calendar
+        document = None if c is None else c.model_dump_json()
+        if sanitize and document is not None:
+            document = clean(document)
+        who = c.created_by if c is not None else record.deleted_by
+        version = await conn.fetchval(query("insert_calendar_version"), record.calendar_id, document,
+                                      who, record.recorded_at, record.offset)
+        if version is None:
+            return  # a delete of nothing, or a record projected already
+        await conn.execute(query("upsert_calendar"), record.calendar_id,
+                           None if c is None else c.timezone, document, version, who,
+                           record.recorded_at)
+        await conn.execute(query("replan_calendar_jobs"), record.calendar_id)
+
+
+async def calendars_of(conn: Any, ids: list[str]) -> dict[str, ResolvedCalendar]:
+    """The current calendars of `ids` as projected, resolved (each version built once:
+    shared/calendars.py); a calendar that is missing or does not read is left out."""
+    found: dict[str, ResolvedCalendar] = {}
+    for row in await conn.fetch(query("calendar_documents"), ids):
+        try:
+            found[row["calendar_id"]] = resolve(Calendar.model_validate_json(row["definition"]))
+        except ValueError as exc:
+            log(logger, "calendar_unreadable", logging.WARNING, calendar_id=row["calendar_id"],
+                error=str(exc)[:300])
+    return found

@@ -164,9 +164,11 @@ INSERT INTO job_definitions AS d (
     depends_on, trigger_rule, condition, requires_approval, handler, params, max_retries,
     retry_delay_seconds, max_retry_delay_seconds, timeout_seconds, priority, queue,
     concurrency_policy, misfire_policy, misfire_grace_seconds, enabled, created_by, created_at,
-    deleted_at, next_execution_at, updated_at, definition, version, definition_offset)
+    deleted_at, next_execution_at, updated_at, definition, version, definition_offset,
+    calendar, on_excluded, jitter_seconds, max_runs)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18,
-        $19, $20, $21, $22, $23, $24, $25, $26, $27, NULL, $28, $29, $30::jsonb, $31, $32)
+        $19, $20, $21, $22, $23, $24, $25, $26, $27, NULL, $28, $29, $30::jsonb, $31, $32,
+        $33, $34, $35, $36)
 ON CONFLICT (job_id) DO UPDATE SET
     name = EXCLUDED.name, type = EXCLUDED.type, schedule = EXCLUDED.schedule,
     interval_seconds = EXCLUDED.interval_seconds, run_at = EXCLUDED.run_at,
@@ -183,7 +185,9 @@ ON CONFLICT (job_id) DO UPDATE SET
     created_by = EXCLUDED.created_by, created_at = COALESCE(EXCLUDED.created_at, d.created_at),
     deleted_at = NULL, next_execution_at = EXCLUDED.next_execution_at,
     updated_at = EXCLUDED.updated_at, definition = EXCLUDED.definition,
-    version = COALESCE(EXCLUDED.version, d.version), definition_offset = EXCLUDED.definition_offset;
+    version = COALESCE(EXCLUDED.version, d.version), definition_offset = EXCLUDED.definition_offset,
+    calendar = EXCLUDED.calendar, on_excluded = EXCLUDED.on_excluded,
+    jitter_seconds = EXCLUDED.jitter_seconds, max_runs = EXCLUDED.max_runs;
 
 -- name: delete_definition
 UPDATE job_definitions SET deleted_at = $2, next_execution_at = NULL, updated_at = $2,
@@ -353,8 +357,9 @@ UPDATE workers SET status = 'OFFLINE', running = '{}', updated_at = now()
 WHERE worker_id = ANY($1::text[]) AND status <> 'OFFLINE';
 
 -- name: due_for_next_execution
--- The columns of schedule.StoredTiming, in its order.
-SELECT job_id, type, schedule, interval_seconds, run_at, timezone, start_at, end_at
+-- The columns of schedule.StoredTiming, in its order (after the job_id).
+SELECT job_id, type, schedule, interval_seconds, run_at, timezone, start_at, end_at, job_id,
+       jitter_seconds, calendar, on_excluded
 FROM job_definitions
 WHERE deleted_at IS NULL AND enabled AND type <> 'DEPENDENT' AND next_execution_at < now()
 LIMIT 10000;
@@ -553,6 +558,57 @@ SELECT DISTINCT upstream_job_id FROM job_dependencies WHERE upstream_job_id = AN
 
 -- name: postmaster_started
 SELECT pg_postmaster_start_time();
+
+-- name: insert_calendar_version
+-- The next version of calendar $1 from the record at offset $5: a calendar ($2), or a delete
+-- ($2 NULL) of one whose latest version is not a delete already (insert_definition_version).
+WITH latest AS (
+    SELECT version, definition IS NULL AS deleted FROM calendar_versions
+    WHERE calendar_id = $1 ORDER BY version DESC LIMIT 1
+)
+INSERT INTO calendar_versions (calendar_id, version, definition, created_by, recorded_at,
+                               kafka_offset)
+SELECT $1, COALESCE((SELECT version FROM latest), 0) + 1, $2::jsonb, $3, $4, $5
+WHERE $2::jsonb IS NOT NULL OR EXISTS (SELECT 1 FROM latest WHERE NOT deleted)
+ON CONFLICT (calendar_id, kafka_offset) DO NOTHING
+RETURNING version;
+
+-- name: upsert_calendar
+-- The current form of calendar $1 at version $4 ($3 NULL: deleted at $6).
+INSERT INTO calendars AS c (calendar_id, timezone, definition, version, created_by, updated_at,
+                            deleted_at)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6::timestamptz, CASE WHEN $3::jsonb IS NULL THEN $6::timestamptz END)
+ON CONFLICT (calendar_id) DO UPDATE SET
+    timezone = COALESCE(EXCLUDED.timezone, c.timezone), definition = EXCLUDED.definition,
+    version = EXCLUDED.version, created_by = EXCLUDED.created_by,
+    updated_at = EXCLUDED.updated_at, deleted_at = EXCLUDED.deleted_at;
+
+-- name: replan_calendar_jobs
+-- The jobs of calendar $1 are due for a new next run (housekeeping computes it): a calendar
+-- change re-plans every job that names it.
+UPDATE job_definitions SET next_execution_at = '-infinity'
+WHERE calendar = $1 AND deleted_at IS NULL AND enabled;
+
+-- name: calendar_documents
+-- The current calendars of ids $1 (the definitions' next runs and the timeline need them).
+SELECT calendar_id, definition::text AS definition FROM calendars
+WHERE calendar_id = ANY($1::text[]) AND definition IS NOT NULL;
+
+-- name: calendars_list
+-- Every calendar (deleted ones too: $1), with how many live jobs name it.
+SELECT c.calendar_id, c.timezone, c.definition::text AS definition, c.version, c.created_by,
+       c.updated_at, c.deleted_at,
+       (SELECT count(*) FROM job_definitions d
+        WHERE d.calendar = c.calendar_id AND d.deleted_at IS NULL) AS jobs
+FROM calendars c
+WHERE $1 OR c.deleted_at IS NULL
+ORDER BY c.calendar_id;
+
+-- name: calendar_history
+-- Every version of a calendar, oldest first (`cronstream calendar history`).
+SELECT calendar_id, version, definition::text AS definition, created_by, recorded_at, kafka_offset
+FROM calendar_versions WHERE calendar_id = $1
+ORDER BY version;
 
 -- name: definition_history
 -- Every version of a job's definition kept (docs/reference/operations.md#definition-history: `cronstream history`), oldest first.

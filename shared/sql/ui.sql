@@ -272,5 +272,10 @@ FROM job_executions
 WHERE job_id = ANY($1::text[]) AND scheduled_at >= $2 AND scheduled_at < $3
 GROUP BY job_id, bucket;
 
+-- name: calendar_documents
+-- The current calendars of ids $1: the timeline and a job's next fires apply them.
+SELECT calendar_id, definition::text AS definition FROM calendars
+WHERE calendar_id = ANY($1::text[]) AND definition IS NOT NULL;
+
 -- name: ping
 SELECT 1;

@@ -33,7 +33,7 @@ from cronstream.definitions import check_dags, load_sources, parse_definitions
 from cronstream.handlers import UpstreamResult
 
 EXPORTS = [
-    "AsyncClient", "Client", "Command", "ConfigurationError", "Context", "CronstreamError",
+    "AsyncClient", "Calendar", "Client", "Command", "ConfigurationError", "Context", "CronstreamError",
     "DefinitionError", "DefinitionProblem", "DefinitionVersion", "Execution", "ExecutionEvent",
     "JobDefinition", "LogEntry", "NonRetryableError", "NotFoundError", "ParamsError",
     "ResultOmittedError", "UnavailableError", "events", "handler",
@@ -41,8 +41,10 @@ EXPORTS = [
 # The verbs a user scripts against; the CLI's and the dashboard's plumbing (a query's raw
 # rows, a run at a given time, a command of any kind...) is `_plumbing.Plumbing`.
 VERBS = [
-    "apply", "approve", "cancel", "close", "definitions", "delete", "execution", "follow_logs",
-    "get", "history", "list", "logs", "pause", "reject", "resume", "runs", "trigger", "version",
+    "apply", "apply_calendar", "apply_calendars", "approve", "calendar", "calendar_history",
+    "calendars", "cancel", "close", "definitions", "delete", "delete_calendar", "execution",
+    "follow_logs", "get", "history", "list", "logs", "pause", "reject", "resume", "runs",
+    "trigger", "version",
 ]
 ERRORS = ["ConfigurationError", "CronstreamError", "DefinitionError", "NotFoundError",
           "ParamsError", "ResultOmittedError", "UnavailableError"]
