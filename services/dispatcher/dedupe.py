@@ -77,7 +77,7 @@ class SeenDues:
             execution = UUID(key[len(KEY_PREFIX):])
             data = json.loads(value)
             delivery, at_ms = int(data["delivery"]), int(data["at_ms"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             self.expired.append((key, partition))  # unreadable: drop it
             return
         if now_ms - at_ms > self.max_age_ms:

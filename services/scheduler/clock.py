@@ -190,7 +190,7 @@ class Clock:
             data = json.loads(value)
             self._state[job_id] = (int(data["definition_offset"]), data["next_fire_ms"],
                                    data.get("last_fire_ms"))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             self._state.pop(job_id, None)
 
     def load_definition(self, job_id: str, raw: bytes | None, offset: int, observed_ms: int) -> None:

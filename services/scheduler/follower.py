@@ -52,7 +52,7 @@ def retry_due_ms(value: bytes) -> int:
         data = json.loads(value)
         when = datetime.fromisoformat(data["due_at"].replace("Z", "+00:00"))
         return int(when.timestamp() * 1000) if when.tzinfo is not None else 0
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return 0
 
 
@@ -256,7 +256,7 @@ def _state(msg: Message) -> tuple[str, int | None, int | None, int | None, bool]
         data = json.loads(value)
         return (job_id, int(data["definition_offset"]), data.get("next_fire_ms"),
                 data.get("last_fire_ms"), False)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return job_id, None, None, None, True  # our own record, unreadable: recomputed
 
 

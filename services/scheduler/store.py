@@ -73,7 +73,7 @@ def kind_of(raw: bytes) -> tuple[str | None, str | None]:
     validating it: what the DAG checks look up. Unreadable: (None, None)."""
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # garbage, or JSON nested deeper than a parser goes
         return None, None
     if not isinstance(data, dict):
         return None, None

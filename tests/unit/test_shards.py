@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cronstream.services.scheduler.store import ShardStore
+from cronstream.services.scheduler.follower import retry_due_ms
+from cronstream.services.scheduler.store import ShardStore, kind_of
 from cronstream.shared.shards import leaders, murmur2, roles, shard_of
 
 # Kafka's own vectors (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java).
@@ -133,3 +134,11 @@ def test_a_deleted_job_leaves_the_store_once_its_state_is_gone_too(tmp_path: Pat
     store.write(retries=[("r1", 7000, b"{}", None)])
     store.write(retries=[("r1", None, None, None)])
     assert store.retry_count() == 0
+
+
+def test_the_stores_cheap_reads_survive_json_nested_deeper_than_a_parser_goes() -> None:
+    # The chaos flood writes such records to every topic: a shard's leader stored one as a
+    # definition (suspended) and failed on it, over and over (RecursionError, not ValueError).
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert kind_of(deep) == (None, None)
+    assert retry_due_ms(deep) == 0
