@@ -72,7 +72,7 @@ test: install tools ## The whole suite (unit, integration, e2e, deploy, browser,
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; \
 	$(BIN)/pytest tests/unit -q || status=$$?; \
-	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser tests/security -q || status=$$?; fi; \
+	if [ $$status -eq 0 ]; then $(BIN)/pytest tests/integration tests/e2e tests/deploy tests/browser tests/security -q --durations=25 || status=$$?; fi; \
 	$(BIN)/cronstream infra down --recorded $(INFRA_RECORD); \
 	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory chaos-short || status=$$?; fi; \
 	exit $$status

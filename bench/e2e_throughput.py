@@ -54,7 +54,10 @@ Programme (`make bench`; docs/benchmarks.md quotes its latest figures):
 - execution logs: 1,000/s of pool handlers printing ten lines each against the same
   handler printing nothing (the CPU of a line, and the delay from `print` to readable);
 - 3,000/s with tracing on (sampled 100 %, exported over OTLP/HTTP to a receiver on
-  loopback in this process) against off.
+  loopback in this process) against off;
+- flow control (`BENCH_PARTS=flow`): at 1,000/s and 3,000/s (`BENCH_FLOW_RATES`), every job
+  in one pool large enough never to bind, against the same load without it: what the
+  dispatcher's admission costs per execution (issue 57: within 15 % at 3,000/s).
 Targets (docs/reference/performance.md): at the default concurrency ≥ 950/s of 1,000/s offered
 with start lag p99 ≤ 250 ms; at 64, start lag p99 ≤ 250 ms at 3,000/s and ≥ 6,000/s completed of
 6,000/s.
@@ -195,23 +198,38 @@ def _settle(settings: Settings, rate: int, lag: LagSampler) -> dict[str, Any]:
 
 
 def run_rate(rate: int, seconds: int, handler: str = "noop", *, workers: int = 2,
-             warmup: int = 10, tracing: bool = False, concurrency: int | None = None) -> dict[str, Any]:
-    """One offered rate on a fresh system; the figures of its window."""
+             warmup: int = 10, tracing: bool = False, concurrency: int | None = None,
+             pool: str | None = None) -> dict[str, Any]:
+    """One offered rate on a fresh system; the figures of its window. With `pool`, every
+    job names that pool (POOL_SLOTS slots: it admits, it never binds)."""
     concurrency = concurrency or int(os.environ.get("BENCH_CONCURRENCY") or CONCURRENCY)
     if tracing:
         with Receiver.serving(keep=False) as receiver:
             figures = _run_rate(rate, seconds, handler, workers=workers, concurrency=concurrency,
-                                warmup=warmup, env={
+                                warmup=warmup, pool=pool, env={
                                     "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                                     "OTEL_TRACES_SAMPLER": "always_on"})
             figures["tracing"] = {"sampled": 1.0, "spans_received": receiver.received}
             return figures
     return _run_rate(rate, seconds, handler, workers=workers, concurrency=concurrency,
-                     warmup=warmup, env={})
+                     warmup=warmup, pool=pool, env={})
+
+
+def _apply_load(settings: Settings, rate: int, handler: str, pool: str | None) -> None:
+    """`rate` INTERVAL jobs firing every second, spread over the second (in `pool`)."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    definitions = [JobDefinition(
+        job_id=f"bench-{i:06d}", type="INTERVAL", interval_seconds=1, handler=handler,
+        params={"i": i}, start_at=base + timedelta(microseconds=i * 1_000_000 // rate), pool=pool)
+        for i in range(rate)]
+    with Client(settings) as client:
+        if pool is not None:
+            client.set_pool(pool, POOL_SLOTS, "bench: admits every run, never binds")
+        client.apply(definitions)
 
 
 def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrency: int,
-              warmup: int, env: dict[str, str]) -> dict[str, Any]:
+              warmup: int, env: dict[str, str], pool: str | None = None) -> dict[str, Any]:
     system = BenchSystem(f"e2e_{rate}", partitions=PARTITIONS)
     try:
         procs: dict[str, ServiceProcess] = {
@@ -228,13 +246,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         for name, proc in procs.items():
             if name != "scheduler":
                 proc.wait_for_log("action=partitions_assigned")
-        base = datetime(2026, 1, 1, tzinfo=UTC)
-        definitions = [JobDefinition(
-            job_id=f"bench-{i:06d}", type="INTERVAL", interval_seconds=1, handler=handler,
-            params={"i": i}, start_at=base + timedelta(microseconds=i * 1_000_000 // rate))
-            for i in range(rate)]
-        with Client(system.settings) as client:
-            client.apply(definitions)
+        _apply_load(system.settings, rate, handler, pool)
         url = system.settings.database_url
         servers = server_pids(system.settings)
         eventually(lambda: sql(url, "SELECT count(*) AS n FROM job_executions WHERE status = "
@@ -291,6 +303,7 @@ def _run_rate(rate: int, seconds: int, handler: str, *, workers: int, concurrenc
         transactions = {k: last.transactions[k] - first.transactions[k] for k in last.transactions}
         figures: dict[str, Any] = {
             "offered_per_second": rate, "window_seconds": round(span, 1), "handler": handler,
+            "pool": pool,
             "workers": workers, "worker_concurrency": concurrency,
             "fire_ahead_ms": system.settings.scheduler_fire_ahead_ms,
             # Executed: completed in the window, counted once the projection caught up.
@@ -367,6 +380,10 @@ MATRIX_RATES = (1000, 3000, 6000)
 CEILING_CONCURRENCY = 64
 # A handler that sleeps 20 ms in a call, at the default concurrency: two workers run at
 # most 2 x 8 / 20 ms = 800 executions/s; offered more than that.
+# The flow part (issue 57): every job in one pool this large (it admits, never binds),
+# against the same load without a pool, at these rates.
+POOL_SLOTS = 100_000
+FLOW_RATES = (1000, 3000)
 SLEEPER = "bench.sleep20"
 SLEEPER_SECONDS = 0.02
 SLEEPER_OFFERED = 1000
@@ -413,7 +430,7 @@ def main() -> dict[str, Any]:
         figures: dict[str, Any] = {"runs": runs}
         write_result("e2e_throughput", figures)
         return figures
-    parts = _pick("BENCH_PARTS", "matrix,sleeper,ceiling,logs,tracing")
+    parts = _pick("BENCH_PARTS", "matrix,sleeper,ceiling,logs,tracing,flow")
     result: dict[str, Any] = {}
     if "matrix" in parts:
         window = int(os.environ.get("BENCH_MATRIX_SECONDS", "30"))
@@ -453,7 +470,26 @@ def main() -> dict[str, Any]:
         result["tracing_on_3000"] = run_rate(3000, seconds, handler, tracing=True,
                                              concurrency=CEILING_CONCURRENCY)
         _save(result)
+    if "flow" in parts:  # a file of its own (bench/results/e2e_flow.json)
+        flow: list[dict[str, Any]] = []
+        _flow(flow, lambda: write_result("e2e_flow", {"flow": flow}))
     return result
+
+
+def _flow(out: list[dict[str, Any]], save: Callable[[], object]) -> None:
+    """Pooled against unpooled, one after the other per rate (issue 57: within 15 % at
+    3,000/s). A pooled job is admitted by the dispatcher's flow control (decision 0056),
+    and its fires are not committed ahead (what runs at the time decides)."""
+    window = int(os.environ.get("BENCH_MATRIX_SECONDS", "30"))
+    for rate in [int(r) for r in _pick("BENCH_FLOW_RATES", ",".join(map(str, FLOW_RATES)))]:
+        plain = run_rate(rate, window, concurrency=CEILING_CONCURRENCY)
+        pooled = run_rate(rate, window, concurrency=CEILING_CONCURRENCY, pool="bench")
+        cpu = (plain["cpu_us_per_execution"]["total"], pooled["cpu_us_per_execution"]["total"])
+        out.append({"offered_per_second": rate, "unpooled": plain, "pooled": pooled,
+                    "cpu_pooled_over_unpooled": round(cpu[1] / cpu[0], 3) if all(cpu) else None})
+        _say(f"{rate}/s unpooled", plain)
+        _say(f"{rate}/s pooled", pooled)
+        save()
 
 
 def _ceiling(seconds: int, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:

@@ -8,6 +8,9 @@ import json
 import os
 import platform
 import shutil
+import signal
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,6 +47,13 @@ def summary(values: list[float]) -> dict[str, float]:
             "count": len(values)}
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a stopped benchmark, `timeout`, CI) unwinds like Ctrl-C: every `finally`
+    runs, so the services a benchmark started are stopped, never left orphaned."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
+
+
 @dataclass
 class BenchSystem:
     """A fresh prefix and database; processes stopped by `close`."""
@@ -55,6 +65,7 @@ class BenchSystem:
     log_dir: Path = field(init=False)
 
     def __post_init__(self) -> None:
+        _stop_on_sigterm()
         base = Settings.from_env()
         db = f"bench_{self.name}_{uuid.uuid4().hex[:6]}"
         url = urlunsplit(urlsplit(base.database_url)._replace(path=f"/{db}"))

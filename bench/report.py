@@ -125,6 +125,48 @@ def _ceiling_lag(ceiling: dict[str, Any] | None) -> str:
             f"(p50 {_n(lag['p50'], 1)} s)")
 
 
+def _flow(flow: list[dict[str, Any]] | None, at: str | None) -> list[str]:
+    """Pooled against unpooled (bench/e2e_throughput.py's flow part)."""
+    if not flow:
+        return []
+    out = ["## Flow control: every job in one pool against none (`BENCH_PARTS=flow python -m "
+           f"bench.e2e_throughput`, `--concurrency` 64, measured {at})", "",
+           "The pool has 100,000 slots: it admits every run and never binds, so the rows "
+           "differ by what admission costs: the dispatcher's decision and its state "
+           "(decision 0056; both commit their fires ahead, decision 0027). Issue 57 asks CPU per "
+           "execution of pooled jobs within 15 % of unpooled ones at 3,000/s.", "", RUN_HEAD]
+    for cell in flow:
+        out += [_run_row("unpooled", cell["unpooled"]), _run_row("pooled", cell["pooled"])]
+    out += [""] + [f"At {_n(c['offered_per_second'])}/s pooled costs "
+                   f"{_n(100 * (c['cpu_pooled_over_unpooled'] - 1), 1)} % more CPU per execution "
+                   "than unpooled." for c in flow if c.get("cpu_pooled_over_unpooled")]
+    return [*out, ""]
+
+
+def _triggers(result: dict[str, Any]) -> list[str]:
+    """Event triggers end to end (bench/triggers.py)."""
+    out = [f"## Event triggers (`python -m bench.triggers`, measured {result.get('at')})", "",
+           "One EVENT job on a topic of 6 partitions (broker timestamps), records written at a "
+           "steady rate through a warm-up and the window; scheduler, dispatcher, monitor and two "
+           "workers of 64 slots. Trigger lag: a record written → its run's JobDue visible to a "
+           "read_committed consumer. Issue 56 asks 10,000 records/s carried and trigger lag p99 "
+           "≤ 250 ms at 1,000/s with `max_events: 1`.", "",
+           "| records/s offered | max_events | written/s | carried/s | trigger lag p50 / p99 / max "
+           "(ms) | p99 of the last 5 s | runs (warm-up and window) | missing / in two runs "
+           "| all runs completed after | CPU µs per record (scheduler / all) | machine CPU |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        lag, late, cpu = c["trigger_lag_ms"], c["trigger_lag_last_5s_ms"], c["cpu_us_per_record"]
+        out.append(
+            f"| {_n(c['offered_per_second'])} | {c['max_events']} | {_n(c['written_per_second'])} "
+            f"| {_n(c['carried_per_second'])} | {_n(lag['p50'])} / {_n(lag['p99'])} / {_n(lag['max'])} "
+            f"| {_n(late['p99'])} | {_n(c['runs'])} | {c['missing']} / {c['in_two_runs']} "
+            f"| {_n(c['all_runs_completed_after_last_record_s'], 1)} s "
+            f"| {_n(cpu['scheduler'], 1)} / {_n(cpu['total'], 1)} "
+            f"| {_n(100 * c['machine_cpu_utilisation'])} % |")
+    return [*out, ""]
+
+
 def _e2e(e2e: dict[str, Any]) -> list[str]:
     out = [f"## End to end (`bench/e2e_throughput.py`, measured {e2e.get('at', '?')})", "",
            "Two workers, everything on this machine: Kafka, PostgreSQL, all services. Each run "
@@ -215,6 +257,66 @@ def _side_by_side(pairs: dict[str, Any]) -> list[str]:
     return out
 
 
+# The single-leader clock of an independent benchmark (issue 55), before the shards: 1M
+# definitions of the same mix, two processes (leader + cold standby), 6 s session timeout.
+SINGLE_LEADER_1M = {"every_shard_led_after_seconds": 71.7, "rss_total_mb": 3319 + 60,
+                    "rss_bytes_per_definition": 3300, "sigkill_p99_ms": 24_400}
+
+
+def _shards(runs: list[dict[str, Any]]) -> list[str]:
+    """The clock in shards (`bench/shards.py`): each run beside its bounds, and the single
+    leader of before at 1M."""
+    out = ["## The clock in shards (`bench/shards.py`)", "",
+           "N definitions (70 % daily cron, 20 % long intervals, 10 % one-time up to ten years "
+           "ahead) and 256 probes firing every second, over S shards on P scheduler processes "
+           "with one warm standby per shard, the broker on the same machine. Bounds: SIGKILL → "
+           "fires again within the session timeout + 2 s, SIGTERM ≤ 1 s, the burst within 2 s.", "",
+           "| definitions | shards / processes | measured | every shard led after s | RSS total MB "
+           "(per process) | bytes per definition | steady fire lag p99 ms | SIGKILL → fires again "
+           "p99 ms (bound) | SIGTERM latest fire ms | 100k burst all committed ms | missed / "
+           "doubled |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    b = SINGLE_LEADER_1M
+    out.append(f"| 1,000,000 | 1 / 2 (single leader, before) | issue 55 | "
+               f"{b['every_shard_led_after_seconds']} | {_n(b['rss_total_mb'])} | "
+               f"{_n(b['rss_bytes_per_definition'])} | – | "
+               f"{_n(b['sigkill_p99_ms'])} | – | – | 0 / 0 |")
+    for r in runs:
+        p = r["params"]
+        kill = r.get("sigkill", {})
+        rss = " / ".join(_n(v) for v in r.get("rss_mb", {}).values())
+        when = ", ".join(str(x) for x in (r.get("at", "?"), r.get("tree"), r.get("note")) if x)
+        out.append(f"| {_n(p['definitions'])} | {p['shards']} / {p['processes']} | {when} | "
+                   f"{r.get('every_shard_led_after_seconds')} | {_n(r.get('rss_total_mb'))} ({rss}) | "
+                   f"{_n(r.get('rss_bytes_per_definition'))} | "
+                   f"{_n(r.get('steady_fire_lag_ms', {}).get('p99'))} | "
+                   f"{_n(kill.get('fires_again_after_ms', {}).get('p99'))} ({_n(kill.get('bound_ms'))}) | "
+                   f"{_n(r.get('sigterm', {}).get('latest_fire_ms'))} | "
+                   f"{_n(r.get('burst', {}).get('all_committed_after_ms'))} | "
+                   f"{_n(r.get('missed'))}{_after_cold_start(r)} / {_n(r.get('doubled'))} |")
+    out.append("")
+    return out
+
+
+def _after_cold_start(r: dict[str, Any]) -> str:
+    """How many of the missed instants fell after the cold start (the rest: FIRE_ONCE's
+    policy while the first leaders computed every job's first fire)."""
+    after = r.get("missed_after_cold_start")
+    return "" if after is None else f" ({_n(after)} after the cold start)"
+
+
+def _carried(previous: str, heading: str) -> list[str]:
+    """A section of the file as it stood (from `heading` to the next heading of its level):
+    the figures of a benchmark not re-run this time stay, with the date they were measured."""
+    lines = previous.splitlines()
+    level = heading.split(" ", maxsplit=1)[0] + " "
+    for i, line in enumerate(lines):
+        if line.startswith(heading):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(level)
+                        or (level == "### " and lines[j].startswith("## "))), len(lines))
+            return [*lines[i:end]] + ([""] if lines[end - 1:end] != [""] else [])
+    return []
+
+
 def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict):
         return [item for k, v in value.items() if k not in ("machine", "benchmark", "at")
@@ -224,14 +326,22 @@ def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return []
 
 
-def _others() -> list[str]:
+def _others(previous: str) -> list[str]:
     out = ["## The other benchmarks (`make bench`; each file in bench/results/)", ""]
+    present = {path.stem for path in RESULTS.glob("*.json")}
+    before = previous.partition(out[0])[2]
+    for line in before.splitlines():
+        stem = line.removeprefix("### ").split(" ", maxsplit=1)[0]
+        if line.startswith("### ") and stem not in present:
+            out += _carried(before, f"### {stem} ")
     for path in sorted(RESULTS.glob("*.json")):
-        if path.stem in ("e2e_throughput", "side_by_side"):
+        if path.stem in ("e2e_throughput", "e2e_flow", "side_by_side", "triggers") \
+                or path.stem.startswith("shards_"):
             continue
         data = json.loads(path.read_text())
         figures = _flat(data)[:24]
-        out += [f"### {path.stem} (measured {data.get('at', '?')})", ""]
+        tree = f", {data['tree']}" if data.get("tree") else ""
+        out += [f"### {path.stem} (measured {data.get('at', '?')}{tree})", ""]
         out += [f"- `{key}`: {_n(value, 0 if isinstance(value, int) else 2)}" for key, value in figures]
         out.append("")
     return out
@@ -242,13 +352,21 @@ def render() -> str:
              "Generated by `make bench` (`python -m bench.report`) from `bench/results/`: do not "
              "edit by hand. The README and docs/decisions quote this file.", "",
              f"- commit: {_commit()}", f"- machine: {_machine()}", ""]
+    previous = DOCS.read_text() if DOCS.exists() else ""
     e2e = _load("e2e_throughput")
-    if e2e:
-        lines += _e2e(e2e)
+    lines += _e2e(e2e) if e2e else _carried(previous, "## End to end")
     pairs = _load("side_by_side")
-    if pairs:
-        lines += _side_by_side(pairs)
-    lines += _others()
+    lines += _side_by_side(pairs) if pairs else _carried(previous, "## Side by side")
+    flow = _load("e2e_flow")
+    lines += _flow(flow.get("flow"), flow.get("at")) if flow else _carried(previous, "## Flow control")
+    triggers = _load("triggers")
+    lines += _triggers(triggers) if triggers else _carried(previous, "## Event triggers")
+    shards = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("shards_*.json"))]
+    if shards:
+        lines += _shards(sorted(shards, key=lambda r: r["params"]["definitions"]))
+    else:
+        lines += _carried(previous, "## The clock in shards")
+    lines += _others(previous)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -14,10 +14,19 @@
   ready, and its RSS. Target ≤ 30 s, ≤ 2 GB.
 - failover: SIGKILL the leader 5 times; time from kill to the next committed fire, and
   duplicate / missed fires of a 1-second INTERVAL job. Target ≤ 10 s, 0 and 0.
+- cpu_per_fire: the clock alone (no Kafka): CPU per fire — planning, rendering the JobDue
+  and state records, committing — of BENCH_CPU_JOBS jobs (100) firing together, for
+  BENCH_CPU_FIRES fires (20,000), by kind of job: plain INTERVAL and CRON, each with a
+  calendar (weekends and US holidays), CRON with NEXT_DAY, INTERVAL and CRON with a
+  jitter, INTERVAL with max_runs (BENCH_CPU_KINDS: some, by name, comma-separated). Best
+  of BENCH_CPU_ROUNDS (5). Target: a calendar-bound
+  job ≤ 2× its plain kind (docs/decisions/0055); the plain kinds unchanged. Not a part of
+  `all` (run it by name); kinds the clock cannot compute (an older tree) are left out.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -64,7 +73,7 @@ def tail_topic(settings: Settings, topic: str, seconds: float,
                          "enable.auto.commit": False, "fetch.wait.max.ms": 10})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     # Explicit end offsets: OFFSET_END is resolved lazily and could skip early records.
-    ends = [eventually(lambda p=p: _high(consumer, topic, p), 30, interval=0.5, message="offsets")
+    ends = [eventually(functools.partial(_high, consumer, topic, p), 30, interval=0.5, message="offsets")
             for p in partitions]
     consumer.assign([TopicPartition(topic, p, end - 1)
                      for p, end in zip(partitions, ends, strict=True)])
@@ -229,10 +238,11 @@ def failover() -> dict[str, Any]:
         eof: set[int] = set()
         while len(eof) < len(partitions):
             for msg in consumer.consume(1000, 1):
+                value = msg.value() or b"{}"
                 if msg.error() is not None:
-                    eof.add(msg.partition())
-                elif json.loads(msg.value())["attempt_number"] == 1:
-                    fires.append(scheduled_ms(msg.value()))
+                    eof.add(msg.partition() or 0)
+                elif json.loads(value)["attempt_number"] == 1:
+                    fires.append(scheduled_ms(value))
         consumer.close()
         counts = Counter(fires)
         missed = sum((b - a) // 1000 - 1 for a, b in itertools.pairwise(sorted(counts)))
@@ -246,11 +256,92 @@ def failover() -> dict[str, Any]:
         system.close()
 
 
+# (kind, the definition's fields): every job of a kind fires at the same instants.
+CPU_KINDS: dict[str, dict[str, Any]] = {
+    "interval": {"type": "INTERVAL", "interval_seconds": 60},
+    "interval+calendar": {"type": "INTERVAL", "interval_seconds": 60, "calendar": "bench"},
+    "cron": {"type": "CRON", "schedule": "* * * * *"},
+    "cron+calendar": {"type": "CRON", "schedule": "* * * * *", "calendar": "bench"},
+    "cron+calendar NEXT_DAY": {"type": "CRON", "schedule": "* * * * *", "calendar": "bench",
+                               "on_excluded": "NEXT_DAY"},
+    "interval+jitter": {"type": "INTERVAL", "interval_seconds": 60, "jitter_seconds": 30},
+    "cron+jitter": {"type": "CRON", "schedule": "* * * * *", "jitter_seconds": 30},
+    "interval+max_runs": {"type": "INTERVAL", "interval_seconds": 60, "max_runs": 1_000_000},
+}
+CPU_CALENDAR = {"calendar_id": "bench", "timezone": "UTC", "exclude_weekdays": ["SAT", "SUN"],
+                "holidays": {"country": "US"}}
+
+
+def _clock_of(fields: dict[str, Any], jobs: int, start: datetime) -> Any:
+    """A clock holding `jobs` jobs of one kind, ready to fire (fragments rendered, as the
+    leader's prepare loop has them), or None when this tree cannot compute the kind."""
+    from cronstream.services.scheduler.clock import Clock
+    from cronstream.shared.records import JobDefinition
+
+    try:
+        if "calendar" in fields:
+            from cronstream.services.scheduler.calendars import CalendarTable
+            from cronstream.shared.records import Calendar
+
+            calendars = CalendarTable(ready=True)
+            calendars.put(Calendar.from_dict(CPU_CALENDAR), 0, int(start.timestamp() * 1000))
+            clock = Clock(calendars=calendars)
+        else:
+            clock = Clock()
+        for i in range(jobs):
+            d = JobDefinition.from_dict({"job_id": f"cpu-{i:05d}", "handler": "noop", **fields})
+            clock.apply_definition(d.job_id, d, d.to_json(), offset=i,
+                                   observed_ms=int(start.timestamp() * 1000))
+        if clock.suspended or len([j for j in clock if j.next_fire_ms is not None]) != jobs:
+            return None
+        for job in clock:
+            job.fragments()
+        return clock
+    except Exception:  # a kind this tree does not know
+        return None
+
+
+def cpu_per_fire() -> dict[str, Any]:
+    fires = int(os.environ.get("BENCH_CPU_FIRES", "20000"))
+    jobs = int(os.environ.get("BENCH_CPU_JOBS", "100"))
+    rounds = int(os.environ.get("BENCH_CPU_ROUNDS", "5"))
+    start = datetime(2026, 12, 21, 8, 0, tzinfo=UTC)  # a Monday; Christmas (a Friday) is excluded
+    figures: dict[str, float] = {}
+    only = [k.strip() for k in os.environ.get("BENCH_CPU_KINDS", "").split(",") if k.strip()]
+    for kind, fields in CPU_KINDS.items():
+        if only and kind not in only:
+            continue
+        best = float("inf")
+        for _ in range(rounds):
+            clock = _clock_of(fields, jobs, start)
+            if clock is None:
+                break
+            fired = 0
+            began = time.process_time()
+            while fired < fires:
+                due = clock.next_due_ms()
+                if due is None:
+                    break
+                plan = clock.plan(due, 5000)
+                clock.commit(plan)
+                fired += len(plan.dues)
+            best = min(best, (time.process_time() - began) / max(fired, 1))
+        if best != float("inf"):
+            figures[kind] = round(best * 1e6, 2)
+    ratios = {f"{kind} / {plain}": round(figures[kind] / figures[plain], 2)
+              for kind in figures for plain in ("interval", "cron")
+              if kind != plain and kind.startswith(plain) and plain in figures}
+    return {"params": {"fires": fires, "jobs": jobs, "rounds": rounds, "calendar": CPU_CALENDAR},
+            "cpu_us_per_fire": figures, "ratio_to_plain": ratios}
+
+
 BENCHES = {"fire_lag": fire_lag, "burst": burst, "takeover": takeover, "failover": failover}
+# Run by name only (`python -m bench.scheduler cpu_per_fire`): no servers, not in `all`.
+BY_NAME_ONLY = {"cpu_per_fire": cpu_per_fire}
 
 
 def main(names: list[str] | None = None) -> None:
-    run_benches("scheduler", BENCHES, names)
+    run_benches("scheduler", {**BENCHES, **BY_NAME_ONLY} if names else BENCHES, names)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ of the clients); everything else is internal:
   (client.py), configured from `CRONSTREAM_*` or by plain arguments (`bootstrap_servers`,
   `database_url`, `topic_prefix`, `kafka_config`, `timeout`);
 - `JobDefinition` (`JobDefinition.from_dict` for dicts and YAML), `Calendar` (a named
-  calendar: `Client.apply_calendars`), `ExecutionEvent`, `Execution`, `LogEntry` (a line
+  calendar: `Client.apply_calendars`), `EventTrigger` and `EventBatch` (`event:` of a
+  job of type EVENT), `TriggerEvent` (one record of an event trigger's run: `ctx.events`),
+  `ExecutionEvent`, `Execution`, `LogEntry` (a line
   of an execution's log), `DefinitionVersion` (a version in a job's history), `Command`
   (what cancel, approve and reject publish): the records;
 - `events`: consume `execution-events` from your own systems (`events.subscribe`);
@@ -32,7 +34,15 @@ from cronstream.errors import (
 )
 from cronstream.executions import Execution, LogEntry
 from cronstream.handlers import Context, NonRetryableError, ResultOmittedError, handler
-from cronstream.shared.records import Calendar, Command, ExecutionEvent, JobDefinition
+from cronstream.shared.records import (
+    Calendar,
+    Command,
+    EventBatch,
+    EventTrigger,
+    ExecutionEvent,
+    JobDefinition,
+    TriggerEvent,
+)
 from cronstream.versions import DefinitionVersion
 
 __all__ = [
@@ -46,6 +56,8 @@ __all__ = [
     "DefinitionError",
     "DefinitionProblem",
     "DefinitionVersion",
+    "EventBatch",
+    "EventTrigger",
     "Execution",
     "ExecutionEvent",
     "JobDefinition",
@@ -54,6 +66,7 @@ __all__ = [
     "NotFoundError",
     "ParamsError",
     "ResultOmittedError",
+    "TriggerEvent",
     "UnavailableError",
     "events",
     "handler",

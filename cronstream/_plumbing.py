@@ -25,7 +25,7 @@ import json
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -54,6 +54,7 @@ from cronstream.shared.records import (
     DueReason,
     JobDefinition,
     JobDue,
+    Pool,
     run_params,
 )
 from cronstream.shared.redaction import redact_url
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CANCEL_REASON", "AsyncPlumbing", "Plumbing", "client_identity", "client_settings",
            "first_line"]
+
+# A record of a compacted topic read by key (calendars, pools).
+_Keyed = TypeVar("_Keyed", Calendar, Pool)
 
 DEFAULT_TIMEOUT = 10.0
 CANCEL_REASON = "cancelled by an operator"
@@ -245,15 +249,25 @@ class AsyncPlumbing:
         return found
 
     async def calendars(self) -> dict[str, Calendar]:
-        """Every current calendar, read from `calendars` to its end."""
-        found: dict[str, Calendar] = {}
-        for calendar_id, (value, _) in (await self.latest(self.topics.calendars)).items():
+        """Every current calendar, read from `calendars` to its end (an invalid one is
+        dead-lettered by the monitor: left out)."""
+        return await self._current(self.topics.calendars, Calendar)
+
+    async def pools(self) -> dict[str, Pool]:
+        """Every current pool, read from `pools` to its end (an invalid one is ignored by
+        the dispatchers too: left out)."""
+        return await self._current(self.topics.pools, Pool)
+
+    async def _current(self, topic: str, model: type[_Keyed]) -> dict[str, _Keyed]:
+        """The latest valid record of each key of a compacted topic, by key."""
+        found: dict[str, _Keyed] = {}
+        for key, (value, _) in (await self.latest(topic)).items():
             if value is None or len(value) > MAX_RECORD_BYTES:
                 continue
             try:
-                found[calendar_id] = Calendar.model_validate_json(value)
+                found[key] = model.model_validate_json(value)
             except ValidationError:
-                continue  # dead-lettered by the monitor
+                continue
         return found
 
     async def latest(self, topic: str) -> dict[str, tuple[bytes | None, int]]:
@@ -281,6 +295,42 @@ class AsyncPlumbing:
         finally:
             await reader.close()
         return latest
+
+    async def trigger_lag(self, definition: JobDefinition) -> tuple[int, dict[int, int]] | None:
+        """An EVENT job's trigger: how many records of its topic are not yet in a committed
+        run nor passed over, and the positions its trigger committed (by partition); None
+        before the scheduler accepted the job (decision 0057)."""
+        if definition.event is None:
+            return None
+        raw = (await self.latest(self.topics.trigger_state)).get(definition.job_id, (None, 0))[0]
+        try:
+            state = json.loads(raw) if raw is not None else None
+            positions = {int(p): int(o) for p, o in state["positions"].items()} if state else None
+            start_ms = int(state["start_ms"]) if state else 0
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return None
+        if positions is None:
+            return None
+        topic = definition.event.topic
+        reader = ConsumerThread(reader_config(self.settings, "cronstream-client"), "client")
+        try:
+            partitions = await asyncio.wait_for(reader.partitions(topic), self.timeout) or []
+            behind = 0
+            for p in partitions:
+                low, high = await asyncio.wait_for(reader.watermarks(TopicPartition(topic, p)), self.timeout)
+                start = positions.get(p)
+                if start is None and definition.event.start == "latest":
+                    found = await asyncio.wait_for(
+                        reader.offsets_for_times([TopicPartition(topic, p, start_ms)]), self.timeout)
+                    start = found[0].offset if found and found[0].offset >= 0 else high
+                behind += max(0, high - (low if start is None else start))
+        except (KafkaException, TimeoutError) as exc:
+            servers = self.settings.kafka_bootstrap_servers
+            raise UnavailableError(f"cannot read {topic} from Kafka at {servers}: {first_line(exc)}",
+                                   service="kafka", server=servers) from None
+        finally:
+            await reader.close()
+        return behind, positions
 
     async def get_with_offset(self, job_id: str) -> tuple[JobDefinition, int]:
         """The current definition of `job_id` and its `job-definitions` offset, which names
@@ -398,3 +448,7 @@ class Plumbing:
         """Cancel a failed execution's pending retry (AsyncPlumbing.cancel_pending_retry)."""
         return self._run(self._async.cancel_pending_retry(retry_execution_id, job_id, reason,
                                                           issued_by))
+
+    def trigger_lag(self, definition: JobDefinition) -> tuple[int, dict[int, int]] | None:
+        """An EVENT job's trigger lag and committed positions (AsyncPlumbing.trigger_lag)."""
+        return self._run(self._async.trigger_lag(definition))

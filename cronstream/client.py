@@ -60,11 +60,11 @@ from cronstream._plumbing import (
     client_settings,
 )
 from cronstream.calendar_files import CalendarLike, parse_calendars
-from cronstream.definitions import check_calendars, check_dags, parse_definitions
+from cronstream.definitions import check_calendars, check_dags, check_pools, parse_definitions, pool_record
 from cronstream.errors import CronstreamError, NotFoundError
 from cronstream.executions import Execution, LogEntry
 from cronstream.shared.producers import OutRecord
-from cronstream.shared.records import DELETED_BY_HEADER, Calendar, Command, JobDefinition
+from cronstream.shared.records import DELETED_BY_HEADER, Calendar, Command, JobDefinition, Pool
 from cronstream.shared.schedule import to_millis
 from cronstream.shared.settings import Settings
 from cronstream.shared.statuses import TERMINAL
@@ -122,6 +122,8 @@ class AsyncClient:
             check_dags(parsed, await self.definitions())
         if any(d.calendar is not None for d in parsed):
             check_calendars(parsed, await self.calendars())
+        if any(d.pool is not None for d in parsed):
+            check_pools(parsed, await self.pools())
         now, who = datetime.now(UTC), client_identity()
         stamped = []
         for definition in parsed:
@@ -223,6 +225,29 @@ class AsyncClient:
         if not versions:
             raise NotFoundError(f"no calendar {calendar_id!r} (no version of it is kept)")
         return versions
+
+    # -- pools (Kafka) ----------------------------------------------------------------
+
+    async def set_pool(self, pool: str, slots: int, description: str | None = None,
+                       by: str | None = None) -> Pool:
+        """Create or resize a pool of slots shared by the jobs that name it; returns it as
+        published. DefinitionError naming the field when it is invalid (nothing is sent).
+        Shrinking a pool stops no running execution: new ones wait until enough end."""
+        record = pool_record(pool, slots, description, by or client_identity())
+        await self._plumbing.send([OutRecord(self._plumbing.topics.pools, record.pool.encode(),
+                                             record.to_json(), new_headers())])
+        return record
+
+    async def pools(self) -> dict[str, Pool]:
+        """Every current pool by name, read from `pools` to its end."""
+        return await self._plumbing.pools()
+
+    async def delete_pool(self, pool: str, by: str | None = None) -> None:
+        """Delete a pool: a tombstone on `pools`. The executions of jobs that still name it
+        wait until it is set again."""
+        who = (by or client_identity())[:256].encode()
+        await self._plumbing.send([OutRecord(self._plumbing.topics.pools, pool.encode(), None,
+                                             [*new_headers(), (DELETED_BY_HEADER, who)])])
 
     # -- executions -----------------------------------------------------------------
 
@@ -459,6 +484,19 @@ class Client:
     def calendar_history(self, calendar_id: str) -> builtins.list[CalendarVersion]:
         """Every kept version of a calendar (AsyncClient.calendar_history)."""
         return self._run(self._async.calendar_history(calendar_id))
+
+    def set_pool(self, pool: str, slots: int, description: str | None = None,
+                 by: str | None = None) -> Pool:
+        """Create or resize a pool (AsyncClient.set_pool)."""
+        return self._run(self._async.set_pool(pool, slots, description, by))
+
+    def pools(self) -> dict[str, Pool]:
+        """Every current pool by name (AsyncClient.pools)."""
+        return self._run(self._async.pools())
+
+    def delete_pool(self, pool: str, by: str | None = None) -> None:
+        """Delete a pool (AsyncClient.delete_pool)."""
+        self._run(self._async.delete_pool(pool, by))
 
     def trigger(self, job_id: str, at: datetime | None = None, *,
                 params: Mapping[str, Any] | None = None, by: str | None = None) -> UUID:

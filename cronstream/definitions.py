@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from cronstream.errors import DefinitionError, DefinitionProblem
 from cronstream.shared.codec import describe
 from cronstream.shared.dag import dag_problem
-from cronstream.shared.records import MAX_DEFINITION_BYTES, Calendar, JobDefinition
+from cronstream.shared.records import MAX_DEFINITION_BYTES, Calendar, JobDefinition, Pool
 
 __all__ = [
     "DEFINITION_SUFFIXES",
@@ -109,8 +110,14 @@ def _one(item: Any) -> JobDefinition:
     except ValidationError as exc:
         raise DefinitionError(describe(exc), [
             DefinitionProblem(error["msg"].removeprefix("Value error, "),
-                              field=".".join(str(p) for p in error["loc"]) or None)
+                              field=".".join(str(p) for p in error["loc"]) or _named(error["msg"]))
             for error in exc.errors(include_url=False)]) from None
+
+
+def _named(message: str) -> str | None:
+    """The field a rule spanning fields names first (`pool_slots: 2 needs a pool`)."""
+    head = message.removeprefix("Value error, ").split(":", 1)[0]
+    return head if head in JobDefinition.model_fields else None
 
 
 def _documents(text: str, source: str, as_json: bool) -> list[Any]:
@@ -239,6 +246,36 @@ def check_calendars(new: list[JobDefinition], calendars: Mapping[str, Calendar])
             problems.append(f"job_id {d.job_id!r}: on_excluded: {d.on_excluded} moves a fire to "
                             f"another day at the same wall-clock time, so the job's timezone "
                             f"({d.timezone}) must be its calendar's ({found.timezone})")
+    if problems:
+        raise DefinitionError("\n".join(problems))
+
+
+def pool_record(pool: str, slots: int, description: str | None, by: str) -> Pool:
+    """A Pool to publish, stamped now by `by`; DefinitionError naming the field at fault."""
+    try:
+        return Pool.from_dict({"pool": pool, "slots": slots, "description": description,
+                               "created_by": by, "created_at": datetime.now(UTC)})
+    except ValidationError as exc:
+        raise DefinitionError(f"pool {pool!r}: {describe(exc)}", [
+            DefinitionProblem(error["msg"].removeprefix("Value error, "),
+                              field=".".join(str(p) for p in error["loc"]) or None)
+            for error in exc.errors(include_url=False)]) from None
+
+
+def check_pools(new: list[JobDefinition], pools: Mapping[str, Pool]) -> None:
+    """Refuse a definition that names a pool `pools` (the live ones) does not hold, or
+    takes more slots of it than it has (its executions would wait for ever)."""
+    problems = []
+    for d in new:
+        if d.pool is None:
+            continue
+        found = pools.get(d.pool)
+        if found is None:
+            problems.append(f"job_id {d.job_id!r}: pool: no pool {d.pool!r} "
+                            f"(create it first: cronstream pool set {d.pool} --slots N)")
+        elif d.pool_slots > found.slots > 0:
+            problems.append(f"job_id {d.job_id!r}: pool_slots: {d.pool_slots} is more than pool "
+                            f"{d.pool!r} has ({found.slots}): its executions would never start")
     if problems:
         raise DefinitionError("\n".join(problems))
 

@@ -57,6 +57,9 @@ class Execution:
     triggered_by: str | None = None
     params: dict[str, Any] | None = None
     definition_version: int | None = None
+    # Why a WAITING execution is held back (a pool, a concurrency key, a rate limit); kept
+    # after it is admitted: why it started late.
+    waiting_reason: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -177,6 +177,15 @@ class Context:
     _progress: Callable[[float, str | None], None] = field(repr=False, default=lambda p, m: None)
     _cancel: threading.Event = field(repr=False, default_factory=threading.Event)
     _upstream: Upstream | None = field(repr=False, default=None)
+    _events: Sequence[Any] | None = field(repr=False, default=None)
+
+    @property
+    def events(self) -> list[Any]:
+        """An event trigger's run: its records, each with `.topic`, `.partition`,
+        `.offset`, `.timestamp` (aware UTC), `.key` (text), `.value` (JSON when it parsed,
+        else text), `.headers` (text by name) and `.value_omitted`; empty for any other
+        execution (docs/reference/semantics.md#event-triggers)."""
+        return list(self._events or ())
 
     @property
     def upstream(self) -> Upstream:

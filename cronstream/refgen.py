@@ -37,6 +37,9 @@ from cronstream.shared.records import (
     Alert,
     Calendar,
     Command,
+    Concurrency,
+    EventBatch,
+    EventTrigger,
     ExecutionEvent,
     Heartbeat,
     HolidaySource,
@@ -46,7 +49,9 @@ from cronstream.shared.records import (
     JobSnapshot,
     LogBatch,
     LogLine,
+    Pool,
     RetryRequest,
+    TriggerEvent,
     Upstream,
     UpstreamExecution,
 )
@@ -316,11 +321,12 @@ def settings_block(previous: str) -> str:
 
 # The records of the public topics and what they contain, in the order of records.md.
 RECORDS: dict[str, type[BaseModel]] = {
-    "JobDefinition": JobDefinition, "JobAlerts": JobAlerts, "JobDue": JobDue,
+    "JobDefinition": JobDefinition, "JobAlerts": JobAlerts, "EventTrigger": EventTrigger,
+    "EventBatch": EventBatch, "Concurrency": Concurrency, "JobDue": JobDue, "TriggerEvent": TriggerEvent,
     "JobSnapshot": JobSnapshot, "Upstream": Upstream, "UpstreamExecution": UpstreamExecution,
     "RetryRequest": RetryRequest, "ExecutionEvent": ExecutionEvent, "Heartbeat": Heartbeat,
     "Command": Command, "Alert": Alert, "LogBatch": LogBatch, "LogLine": LogLine,
-    "Calendar": Calendar, "HolidaySource": HolidaySource,
+    "Calendar": Calendar, "HolidaySource": HolidaySource, "Pool": Pool,
 }
 
 

@@ -27,3 +27,11 @@ def load(ctx: Context) -> dict[str, object]:
     ctx.report_progress(50, f"loading {len(transformed.result['rows'])} rows for {region}")
     return {"loaded": len(transformed.result["rows"]), "region": region,
             "from_execution": str(transformed.execution_id)}
+
+
+@handler("examples.audit")
+def audit(ctx: Context) -> dict[str, object]:
+    """The loads that completed since the last audit: one execution event each (ctx.events)."""
+    loads = [event.value for event in ctx.events]
+    return {"audited": len(loads), "regions": sorted({str(e["result"]["region"]) for e in loads}),
+            "offsets": [event.offset for event in ctx.events]}

@@ -25,10 +25,11 @@ which they never join: librdkafka still looks its coordinator up (DESCRIBE).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cronstream.shared.records import JobDefinition
 from cronstream.shared.topics import Topics
 
 Operation = Literal["READ", "WRITE", "CREATE", "DESCRIBE"]
@@ -62,13 +63,14 @@ FOOTPRINTS: dict[str, Footprint] = {
     # lists its members (describe_consumer_groups: DESCRIBE, implied by READ); each shard
     # it leads commits through the shard's own transactional id, `scheduler-shard-<n>`.
     "scheduler": Footprint(
-        reads=("job-definitions", "scheduler-state", "retries", "scheduler-members", "calendars"),
-        writes=("job-due", "scheduler-state", "retries", "alerts", "dead-letters"),
+        reads=("job-definitions", "scheduler-state", "trigger-state", "retries", "scheduler-members",
+               "calendars"),
+        writes=("job-due", "scheduler-state", "trigger-state", "retries", "alerts", "dead-letters"),
         groups=("scheduler",), describes_groups=_EVERY_CONSUMER,
         transactional_ids=(("scheduler-shard-", "PREFIXED"),)),
     "dispatcher": Footprint(
-        reads=("job-due", "execution-events", "dispatcher-state"),
-        writes=("execution-events", "commands", "dispatcher-state", "dead-letters"),
+        reads=("job-due", "execution-events", "dispatcher-state", "pools", "admissions"),
+        writes=("execution-events", "commands", "dispatcher-state", "admissions", "dead-letters"),
         work=("WRITE", "CREATE"), groups=("dispatcher",), describes_groups=_EVERY_CONSUMER,
         transactional_ids=(("dispatcher-", "PREFIXED"),)),
     "worker": Footprint(
@@ -79,7 +81,7 @@ FOOTPRINTS: dict[str, Footprint] = {
         transactional_ids=(("worker-", "PREFIXED"),)),
     "monitor": Footprint(
         reads=("execution-events", "execution-logs", "heartbeats", "job-definitions", "commands",
-               "alerts", "calendars"),
+               "alerts", "calendars", "pools"),
         writes=("job-due", "execution-events", "retries", "alerts", "dead-letters"),
         # Queue depth is the workers group's lag; fencing a dead worker takes its id.
         work=("DESCRIBE",), groups=("monitor",), describes_groups=(*_EVERY_CONSUMER, "workers"),
@@ -92,12 +94,12 @@ FOOTPRINTS: dict[str, Footprint] = {
     # and count the partitions of job-definitions (its shards): DESCRIBE only, never a join.
     # Calendars are written like job definitions (a calendar decides when jobs fire).
     "ui": Footprint(
-        reads=("job-definitions", "calendars"),
+        reads=("job-definitions", "calendars", "pools"),
         writes=("job-definitions", "calendars", "job-due", "commands"),
         describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     "cli": Footprint(
-        reads=("job-definitions", "calendars", "execution-events"),
-        writes=("job-definitions", "calendars", "job-due", "commands", "retries"),
+        reads=("job-definitions", "calendars", "pools", "execution-events"),
+        writes=("job-definitions", "calendars", "pools", "job-due", "commands", "retries"),
         describes_groups=(*_EVERY_CONSUMER, "scheduler")),
     # KEDA's lag trigger: the workers group's offsets and the work topics' ends.
     "keda": Footprint(work=("DESCRIBE",), describes_groups=("workers",)),
@@ -131,9 +133,19 @@ def principals(overrides: Mapping[str, str] | None = None,
     return {part: (overrides or {}).get(part, f"{prefix}{part}") for part in PRINCIPALS}
 
 
-def acls(topics: Topics, names: Mapping[str, str]) -> list[Acl]:
-    """Every ACL binding of every principal in `names` (part -> principal), sorted."""
+def trigger_topics(definitions: Iterable[JobDefinition]) -> list[str]:
+    """The source topics of the EVENT jobs among `definitions`: the scheduler reads them
+    (docs/decisions/0057), each by its full name."""
+    return sorted({d.event.topic for d in definitions if d.type == "EVENT" and d.event is not None})
+
+
+def acls(topics: Topics, names: Mapping[str, str], triggers: Iterable[str] = ()) -> list[Acl]:
+    """Every ACL binding of every principal in `names` (part -> principal), sorted; the
+    scheduler's include READ on `triggers`, the source topics of event triggers
+    (`trigger_topics`: full names, no prefix added)."""
     found: set[Acl] = set()
+    if "scheduler" in names:
+        found.update(Acl(names["scheduler"], "TOPIC", "LITERAL", topic, "READ") for topic in triggers)
     for part, principal in names.items():
         footprint = FOOTPRINTS[part]
 

@@ -32,7 +32,8 @@ MAX_EXCLUDED_DAYS = 3660
 
 class CalendarMissingError(LookupError):
     """A definition names a calendar that was not given (not applied yet, or deleted):
-    its fires cannot be computed. The scheduler suspends such a job (JOB_SUSPENDED)."""
+    its fires cannot be computed. The scheduler holds such a job waiting (no fire, not
+    suspended) until the calendar is applied (services/scheduler/calendars.py)."""
 
 
 class ResolvedCalendar:

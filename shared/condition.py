@@ -9,6 +9,7 @@ Grammar (lowest precedence first):
     operand    := literal | path | "(" expr ")"
     literal    := number | "string" | 'string' | true | false | null | "[" literal, ... "]"
     path       := <upstream job_id> "." ("result" ("." key | "[" integer "]")* | "status")
+                | <root> ("." key | "[" integer "]")*          (an expression over roots)
 
 Example: `extract.result.rows > 0 and not validate.result.warnings`
          `extract.status == "COMPLETED" and "eu" in extract.result.regions`
@@ -19,6 +20,10 @@ Evaluation is total: a missing key is null, and a comparison between values of
 different types (e.g. "a" < 1) is false rather than an error. The value of the whole
 condition is its truthiness, as in JSON-minded languages: null, false, 0, "" and [] are
 false.
+
+The same language, parsed with `parse_expression(text, roots)`, names values by a root
+instead of an upstream job (a flow-control key, `params.customer`: decision 0056); there its
+value is what counts (`Condition.value`), not only its truthiness.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Condition", "ConditionError", "parse_condition"]
+__all__ = ["RECORD_FIELDS", "Condition", "ConditionError", "parse_condition", "parse_expression",
+           "parse_filter"]
 
 _TOKEN = re.compile(r"""
     \s*(?:
@@ -51,8 +57,8 @@ class ConditionError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Path:
-    job_id: str
-    field: str  # "result" or "status"
+    job_id: str  # an upstream job, or a root (parse_expression)
+    field: str | None  # "result" or "status"; None: the root itself
     keys: tuple[str | int, ...]
 
 
@@ -69,6 +75,15 @@ class Condition:
         """`upstream[job_id]` holds that job's `status` and `result` in the run."""
         return _truthy(_eval(self.tree, upstream))
 
+    def matches(self, record: Mapping[str, Any]) -> bool:
+        """An event trigger's filter (`parse_filter`) over one Kafka record: `record` holds
+        its RECORD_FIELDS (`value` parsed as JSON when it parses, else its text)."""
+        return _truthy(_eval(self.tree, {"": record}))
+
+    def value(self, scope: Mapping[str, Any]) -> Any:
+        """The expression's value with each root of `parse_expression` bound in `scope`."""
+        return _eval(self.tree, scope)
+
     def operands(self, upstream: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, Any]]:
         """Each path the condition reads and its value in `upstream` (to show why it held)."""
         found: list[tuple[str, Any]] = []
@@ -76,7 +91,8 @@ class Condition:
         def walk(node: Node) -> None:
             if node[0] == "path":
                 path: Path = node[1]
-                text = ".".join([path.job_id, path.field, *(str(k) for k in path.keys)])
+                text = ".".join([path.job_id, *([path.field] if path.field else []),
+                                 *(str(k) for k in path.keys)])
                 if all(text != seen for seen, _ in found):
                     found.append((text, _eval(node, upstream)))
             elif node[0] != "lit":
@@ -110,8 +126,11 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
 
 
 class _Parser:
-    def __init__(self, text: str, upstreams: Sequence[str]) -> None:
+    def __init__(self, text: str, upstreams: Sequence[str], record: bool = False,
+                 roots: Sequence[str] = ()) -> None:
         self.text = text
+        self.record = record
+        self.roots = tuple(roots)
         self.tokens = _tokens(text)
         self.i = 0
         self.upstreams = sorted(upstreams, key=len, reverse=True)
@@ -224,6 +243,10 @@ class _Parser:
         raise ConditionError(f"expected a literal at position {position}, found {value!r}")
 
     def path(self, text: str, position: int) -> Path:
+        if self.record:
+            return self.record_path(text, position)
+        if self.roots:
+            return self.rooted(text, position)
         for job_id in self.upstreams:
             if text.startswith(job_id + "."):
                 rest = text[len(job_id) + 1:]
@@ -243,6 +266,42 @@ class _Parser:
         self.used.add(job_id)
         return Path(job_id, parts[0], keys)
 
+    def record_path(self, text: str, position: int) -> Path:
+        parts = re.findall(r"[^.\[\]]+|\[\d+\]", text)
+        root = parts[0] if parts else text
+        if root not in RECORD_FIELDS:
+            raise ConditionError(f"{text!r} at position {position}: a filter reads "
+                                 f"{', '.join(RECORD_FIELDS)} of the record")
+        if len(parts) > 1 and root not in ("value", "headers"):
+            raise ConditionError(f"{text!r} at position {position}: {root} has no fields")
+        keys: tuple[str | int, ...] = tuple(
+            int(p[1:-1]) if p.startswith("[") else p for p in parts[1:])
+        return Path("", root, keys)
+
+    def rooted(self, text: str, position: int) -> Path:
+        root = next((r for r in self.roots if text == r or text.startswith((r + ".", r + "["))), None)
+        if root is None:
+            raise ConditionError(f"{text!r} at position {position} does not start with "
+                                 + " or ".join(repr(r) for r in self.roots))
+        parts = re.findall(r"[^.\[\]]+|\[\d+\]", text[len(root):])
+        keys: tuple[str | int, ...] = tuple(
+            int(p[1:-1]) if p.startswith("[") else p for p in parts)
+        self.used.add(root)
+        return Path(root, None, keys)
+
+
+# What an event trigger's filter reads of a Kafka record (docs/reference/semantics.md#event-triggers):
+# `timestamp` is epoch milliseconds, `headers` an object of text values.
+RECORD_FIELDS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
+
+
+def parse_filter(text: str) -> Condition:
+    """An event trigger's filter: the same language, whose paths start at a field of the
+    record (`value.status == "COMPLETED"`, `headers.source == "billing"`, `partition < 3`)
+    instead of an upstream job; evaluated with `Condition.matches`."""
+    parser = _Parser(text, (), record=True)
+    return Condition(text, parser.parse(), frozenset())
+
 
 def parse_condition(text: str, upstreams: Sequence[str]) -> Condition:
     parser = _Parser(text, upstreams)
@@ -250,13 +309,23 @@ def parse_condition(text: str, upstreams: Sequence[str]) -> Condition:
     return Condition(text, tree, frozenset(parser.used))
 
 
-def _eval(node: Node, upstream: Mapping[str, Mapping[str, Any]]) -> Any:
+def parse_expression(text: str, roots: Sequence[str]) -> Condition:
+    """An expression whose paths start with one of `roots` (`params.customer`,
+    `params.tier == "gold"`), evaluated by `Condition.value`."""
+    parser = _Parser(text, (), roots=roots)
+    tree = parser.parse()
+    return Condition(text, tree, frozenset(parser.used))
+
+
+def _eval(node: Node, upstream: Mapping[str, Any]) -> Any:
     kind = node[0]
     if kind == "lit":
         return node[1]
     if kind == "path":
         path: Path = node[1]
-        value: Any = (upstream.get(path.job_id) or {}).get(path.field)
+        value: Any = upstream.get(path.job_id)
+        if path.field is not None:
+            value = (value or {}).get(path.field)
         for key in path.keys:
             if isinstance(key, int) and isinstance(value, list) and -len(value) <= key < len(value):
                 value = value[key]

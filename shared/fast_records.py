@@ -56,8 +56,8 @@ from cronstream.shared.records import (
 from cronstream.shared.statuses import TERMINAL, Status
 
 __all__ = ["FAST_STATUSES", "DueRecord", "EventRecord", "FastDue", "FastEvent", "FastSnapshot",
-           "FastUpstream", "FastUpstreamExecution", "as_model", "decode_due", "decode_event",
-           "upstream_of"]
+           "FastTriggerEvent", "FastUpstream", "FastUpstreamExecution", "as_model", "decode_due",
+           "decode_event", "events_of", "upstream_of"]
 
 _ZERO = timedelta(0)
 # Larger than this, a `result` or `params` could be over its limit: the model measures.
@@ -78,6 +78,13 @@ Text = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_CHARS)]
 Actor = Annotated[str, msgspec.Meta(max_length=256)]
 
 
+class FastConcurrency(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """records.Concurrency, field for field (a key is parsed by the model: `_plain`)."""
+
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    max_running: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+
+
 class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """records.JobSnapshot, field for field, in its order."""
 
@@ -92,7 +99,14 @@ class FastSnapshot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
     max_concurrent_runs: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
+    concurrency: FastConcurrency | None = None
+    pool: Annotated[str, _pattern("A-Za-z0-9_.-", 128)] | None = None
+    pool_slots: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1
+    rate_limit: Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]{0,8}/[smh]\Z")] | None = None
     definition_offset: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # An event trigger's records: a record whose snapshot carries them is read through the
+    # model (`decode_due`, `decode_event`), so the fast record only ever has None here.
+    events: Any = None
 
     def model_dump_json(self) -> str:
         """The snapshot's JSON, as JobSnapshot.model_dump_json writes it."""
@@ -118,6 +132,21 @@ class FastUpstream(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     root_params: dict[str, Any] = msgspec.field(default_factory=dict)
     executions: Annotated[dict[JobId, FastUpstreamExecution], msgspec.Meta(max_length=64)] = \
         msgspec.field(default_factory=dict)
+
+
+class FastTriggerEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """records.TriggerEvent as a handler sees it in `ctx.events` (the pool's pipe carries
+    it: runner.Invocation): `.topic`, `.partition`, `.offset`, `.timestamp`, `.key`,
+    `.value`, `.headers`, `.value_omitted`."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: datetime
+    key: str | None = None
+    value: Any = None
+    headers: dict[str, str | None] = msgspec.field(default_factory=dict)
+    value_omitted: bool = False
 
 
 class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -150,6 +179,7 @@ class FastEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     rejected_by: Actor | None = None
     cancelled_by: Actor | None = None
     triggered_by: Actor | None = None
+    waiting_reason: Text | None = None
 
     @property
     def terminal(self) -> bool:
@@ -190,6 +220,12 @@ _DUES = msgspec.json.Decoder(FastDue)
 _FINER_THAN_MICROSECONDS = re.compile(rb":\d\d\.\d{7}")
 
 
+def _plain(job: FastSnapshot | None) -> bool:
+    """Whether the fast path checked all of `job`: a concurrency key is an expression,
+    which only the model parses (and keyed jobs are not the hot path)."""
+    return job is None or job.concurrency is None or job.concurrency.key is None
+
+
 def _in_range(value: datetime | None) -> bool:
     if value is None:
         return True
@@ -212,7 +248,8 @@ def _fast(value: bytes, key: bytes | None) -> FastEvent | None:
         event = _EVENTS.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if (event.status not in FAST_STATUSES or key != event.job_id.encode()
+    if (event.status not in FAST_STATUSES or key != event.job_id.encode() or not _plain(event.job)
+            or (event.job is not None and event.job.events is not None)
             or not (_in_range(event.scheduled_at) and _in_range(event.occurred_at)
                     and _in_range(event.started_at) and _in_range(event.completed_at))):
         return None
@@ -242,6 +279,15 @@ def upstream_of(due: JobDue | FastDue) -> FastUpstream | None:
     return msgspec.convert(upstream.model_dump(mode="json"), FastUpstream)
 
 
+def events_of(due: JobDue | FastDue) -> list[FastTriggerEvent] | None:
+    """An event trigger's run's records (`ctx.events`), or None for any other execution (a
+    JobDue with events is always the model: `decode_due`)."""
+    events = due.job.events
+    if not events or isinstance(due, FastDue):
+        return None
+    return [msgspec.convert(e.model_dump(mode="json"), FastTriggerEvent, strict=False) for e in events]
+
+
 def decode_due(value: bytes | None, key: bytes | None) -> JobDue | FastDue:
     """A JobDue (key: its job_id) as a FastDue, or through the model as a JobDue, or
     DecodeError with the model's reason: `decode_event`'s rules for a JobDue, whose
@@ -252,7 +298,8 @@ def decode_due(value: bytes | None, key: bytes | None) -> JobDue | FastDue:
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         else:
-            if key == due.job_id.encode() and _in_range(due.scheduled_at):
+            if (key == due.job_id.encode() and _in_range(due.scheduled_at) and due.job.events is None
+                    and _plain(due.job)):
                 return due
     return decode(JobDue, value, key=key, key_field="job_id")
 

@@ -17,9 +17,9 @@ from hashlib import sha1
 from uuid import UUID, uuid5
 
 __all__ = [
-    "NAMESPACE", "execution_id", "fast_uuid4", "fast_uuid5", "fast_uuid7", "given_idempotency_key",
-    "idempotency_key", "new_event_id", "requeue_idempotency_key", "run_id", "step_idempotency_key",
-    "wire_time", "wire_time_ms",
+    "NAMESPACE", "event_run_id", "execution_id", "fast_uuid4", "fast_uuid5", "fast_uuid7",
+    "given_idempotency_key", "idempotency_key", "new_event_id", "requeue_idempotency_key",
+    "run_id", "step_idempotency_key", "wire_time", "wire_time_ms",
 ]
 
 NAMESPACE = UUID("8f0b7f5e-1a7c-5c1e-9d7e-6372306e7374")
@@ -102,6 +102,12 @@ def run_id(job_id: str, origin: datetime) -> UUID:
 def execution_id(job_id: str, origin: datetime, attempt: int) -> UUID:
     """`origin` is the scheduled_at of the run's first attempt of this job."""
     return uuid5(NAMESPACE, f"exec|{job_id}|{wire_time(origin)}|{attempt}")
+
+
+def event_run_id(job_id: str, topic: str, partition: int, offset: int) -> UUID:
+    """The run an event trigger starts with the record at (topic, partition, offset) as its
+    first event: a record is in one run only, so whoever forms that run names it alike."""
+    return uuid5(NAMESPACE, f"event|{job_id}|{topic}|{partition}|{offset}")
 
 
 def retry_execution_id(job_id: str, run_id: UUID, attempt: int) -> UUID:

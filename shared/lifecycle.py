@@ -78,6 +78,9 @@ def tune_gc() -> None:
 
 def run_service(service: Service, settings: Settings) -> int:
     tune_gc()
+    # A crash in native code (librdkafka's asserts abort, a segfault) prints every
+    # thread's Python stack to stderr before the process dies: the log says where.
+    faulthandler.enable(all_threads=True)
     logs.configure(service.name, settings.log_level, settings.log_format)
     log(logger, "service_starting", service=service.name, settings=settings.redacted())
     metrics.announce(service.name)

@@ -145,10 +145,22 @@ SCHEDULER_SHARDS_STANDBY = Gauge(
 SCHEDULER_STANDBY_LAG = Gauge(
     "cronstream_scheduler_standby_lag_records",
     "Records of the shards this scheduler stands by for that it has not applied yet.", registry=None)
+SCHEDULER_WAITING = Gauge(
+    "cronstream_scheduler_waiting_jobs",
+    "Jobs of the shards this scheduler leads that name a calendar it does not know: they "
+    "wait (no fire) until the calendar is applied.",
+    registry=None)
 SCHEDULER_HELD = Gauge(
     "cronstream_scheduler_held_jobs",
     "Jobs due soon, held in memory by the shards this scheduler leads (the near window).",
     registry=None)
+TRIGGER_LAG = Gauge(
+    "cronstream_trigger_lag_records",
+    "Records of the event triggers' topics (in the shards this scheduler leads) not yet in a "
+    "committed run nor passed over.", registry=None)
+TRIGGER_UNEVALUABLE = Counter(
+    "cronstream_trigger_unevaluable_records",
+    "Records an event trigger's filter could not evaluate (they do not match).", registry=None)
 FIRES = Counter(
     "cronstream_scheduler_fires", "JobDue records committed by the scheduler.", ["reason"], registry=None
 )
@@ -171,6 +183,20 @@ DISPATCH_DECISIONS = Counter(
     "cronstream_dispatcher_decisions",
     "What the dispatcher did with each JobDue.",
     ["decision"],
+    registry=None,
+)
+POOL_SLOTS_IN_USE = Gauge(
+    "cronstream_pool_slots_in_use",
+    "Slots of each pool held by admitted executions, on the pool's admitting dispatcher "
+    "(decision 0056).",
+    ["pool"],
+    registry=None,
+)
+WAITING = Gauge(
+    "cronstream_waiting_executions",
+    "Executions held back by flow control on this dispatcher's partitions, by what holds "
+    "the first of their line back: pool, key, rate_limit or missing_pool.",
+    ["reason"],
     registry=None,
 )
 DISPATCH_BATCH = Histogram(
@@ -324,17 +350,20 @@ BY_SERVICE: dict[str, tuple[MetricWrapperBase, ...]] = {
         SCHEDULER_LEADER,
         SCHEDULER_JOBS,
         SCHEDULER_SUSPENDED,
+        SCHEDULER_WAITING,
         SCHEDULER_PENDING_RETRIES,
         SCHEDULER_SHARDS,
         SCHEDULER_SHARDS_LED,
         SCHEDULER_SHARDS_STANDBY,
         SCHEDULER_STANDBY_LAG,
         SCHEDULER_HELD,
+        TRIGGER_LAG,
+        TRIGGER_UNEVALUABLE,
         FIRES,
         MISFIRES,
         FIRE_LAG,
     ),
-    "dispatcher": (DISPATCH_DECISIONS, DISPATCH_BATCH),
+    "dispatcher": (DISPATCH_DECISIONS, DISPATCH_BATCH, POOL_SLOTS_IN_USE, WAITING),
     "worker": (
         WORKER_SLOTS,
         WORKER_SLOTS_BUSY,

@@ -23,6 +23,7 @@ splitting it would scatter what a reviewer must read together.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
@@ -55,10 +56,11 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from cronstream.shared.condition import ConditionError, parse_condition
+from cronstream.shared.condition import ConditionError, parse_condition, parse_expression, parse_filter
 from cronstream.shared.cron import CronError, compiled
 from cronstream.shared.escaping import CONTROL
 from cronstream.shared.ids import (
+    event_run_id,
     execution_id,
     idempotency_key,
     new_event_id,
@@ -79,13 +81,14 @@ MAX_DEFINITION_BYTES = 256 * 1024
 MAX_MESSAGE_CHARS = 8 * 1024
 MAX_JITTER_SECONDS = 3600
 
-JobType = Literal["CRON", "INTERVAL", "ONE_TIME", "DEPENDENT"]
+JobType = Literal["CRON", "INTERVAL", "ONE_TIME", "DEPENDENT", "EVENT"]
 TriggerRule = Literal["ALL_SUCCESS", "ALL_DONE", "ONE_SUCCESS", "ONE_FAILED", "NONE_FAILED"]
 Priority = Literal["high", "normal", "low"]
 ConcurrencyPolicy = Literal["ALLOW", "FORBID", "REPLACE"]
 MisfirePolicy = Literal["FIRE_ONCE", "FIRE_ALL", "SKIP"]
-DueReason = Literal["SCHEDULE", "RETRY", "DEPENDENCY", "MANUAL", "REQUEUE", "BACKFILL"]
+DueReason = Literal["SCHEDULE", "RETRY", "DEPENDENCY", "MANUAL", "REQUEUE", "BACKFILL", "EVENT"]
 ExecutionStatus = Literal[
+    "WAITING",
     "QUEUED",
     "RUNNING",
     "PROGRESS",
@@ -224,6 +227,8 @@ QueueName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 WorkerId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 Params = Annotated[dict[str, Any], AfterValidator(_params_limit)]
 MaxConcurrentRuns = Annotated[int, Field(ge=1, le=10_000)]
+PoolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+PoolSlots = Annotated[int, Field(ge=1, le=10_000)]
 Message = Annotated[str, StringConstraints(max_length=MAX_MESSAGE_CHARS)]
 Actor = Annotated[str, StringConstraints(max_length=256)]
 # 1 + max_retries (≤ 100); a requeue counts deliveries (bounded so PostgreSQL's integer holds it).
@@ -263,6 +268,88 @@ class JobAlerts(BaseModel):
     duration_factor: Annotated[float, Field(gt=1, le=1000)] | None = None
     late_after_seconds: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
     finish_within_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None
+
+
+class EventBatch(BaseModel):
+    """How many records an event trigger's run takes: a run starts when `max_events`
+    matching records wait, or `max_wait_seconds` after the first of them was written
+    (its Kafka timestamp), whichever comes first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    max_events: Annotated[int, Field(ge=1, le=10_000)] = 1
+    max_wait_seconds: Annotated[float, Field(ge=0, le=3600)] = 0
+
+
+# A topic's name as Kafka allows it (249 characters of [A-Za-z0-9._-]).
+TopicName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+EventStart = Literal["latest", "earliest"]
+
+
+class EventTrigger(BaseModel):
+    """`event:` of a JobDefinition of type EVENT (docs/decisions/0057): the job runs with
+    the records of `topic` (its full name: no prefix is added) that pass `filter`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    topic: TopicName
+    # DAG conditions' language over the record (shared/condition.py: parse_filter).
+    filter: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    batch: EventBatch = Field(default_factory=EventBatch)
+    # latest: the records written after the job was first accepted; earliest: all of them.
+    start: EventStart = "latest"
+
+    @field_validator("filter")
+    @classmethod
+    def _valid_filter(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_filter(value)
+            except ConditionError as exc:
+                raise ValueError(f"invalid filter: {exc}") from None
+        return value
+
+
+# A rate limit: "N/s", "N/m" or "N/h": at most N starts in any window of that length.
+_RATE_LIMIT = re.compile(r"^([1-9][0-9]{0,8})/([smh])$")
+RATE_WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600}
+RateLimit = Annotated[str, StringConstraints(max_length=16)]
+
+
+def parse_rate_limit(text: str) -> tuple[int, int]:
+    """(starts, window seconds) of a rate limit; ValueError that shows the form."""
+    match = _RATE_LIMIT.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a rate: write N/s, N/m or N/h with N at least 1 "
+                         "(e.g. 100/m)")
+    return int(match[1]), RATE_WINDOW_SECONDS[match[2]]
+
+
+def _rate_limit(value: str | None) -> str | None:
+    if value is not None:
+        parse_rate_limit(value)
+    return value
+
+
+class Concurrency(BaseModel):
+    """`concurrency:` of a definition (decision 0056): at most `max_running` executions of the
+    job hold a worker at once per value of `key`, an expression over `params` in the
+    language of DAG conditions (`params.customer`); without a key, per job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
+    max_running: Annotated[int, Field(ge=1, le=10_000)]
+
+    @field_validator("key")
+    @classmethod
+    def _expression(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_expression(value, ("params",))
+            except ConditionError as exc:
+                raise ValueError(f"not an expression over params: {exc}") from None
+        return value
 
 
 # The Kafka header of a `job-definitions` tombstone that names who deleted the job (a
@@ -312,6 +399,13 @@ class JobDefinition(Record):
     jitter_seconds: Annotated[int, Field(ge=0, le=MAX_JITTER_SECONDS)] = 0
     # After this many fires the job stops firing (the scheduler counts them).
     max_runs: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    # Type EVENT: the topic whose records start its runs (docs/decisions/0057).
+    event: EventTrigger | None = None
+    # Flow control (decision 0056): executions beyond these wait (WAITING).
+    concurrency: Concurrency | None = None
+    pool: PoolName | None = None
+    pool_slots: PoolSlots = 1
+    rate_limit: Annotated[RateLimit | None, AfterValidator(_rate_limit)] = None
 
     @field_validator("created_by")
     @classmethod
@@ -358,6 +452,7 @@ class JobDefinition(Record):
                     raise ValueError(f"{field} is only allowed for type DEPENDENT, not {self.type}")
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("end_at must be later than start_at")
+        self._check_event()
         self._check_concurrency()
         self._check_timing()
         return self
@@ -385,7 +480,25 @@ class JobDefinition(Record):
             raise ValueError(f"jitter_seconds: {self.jitter_seconds} must be less than "
                              f"interval_seconds ({self.interval_seconds})")
 
+    def _check_event(self) -> None:
+        if self.type != "EVENT":
+            if self.event is not None:
+                raise ValueError(f"event: only for type EVENT, not {self.type}")
+            return
+        if self.event is None:
+            raise ValueError("event is required for type EVENT (event: {topic: ...})")
+        for field, given in (("start_at", self.start_at is not None),
+                             ("end_at", self.end_at is not None),
+                             ("jitter_seconds", self.jitter_seconds != 0),
+                             ("max_runs", self.max_runs is not None)):
+            if given:
+                raise ValueError(f"{field}: not for type EVENT (it runs when records arrive, "
+                                 "not on a clock)")
+
     def _check_concurrency(self) -> None:
+        if self.pool is None and self.pool_slots != 1:
+            raise ValueError(f"pool_slots: {self.pool_slots} needs a pool (pool_slots are taken "
+                             "from the pool the job names)")
         limit = self.max_concurrent_runs
         if limit is None:
             return
@@ -509,6 +622,49 @@ class Calendar(Record):
         return value
 
 
+class Pool(Record):
+    """A pool of slots shared by the jobs that name it (`pool:`), on the compacted `pools`
+    topic (key: pool; null value deletes): at most `slots` slots of its jobs' executions
+    are held at once (decision 0056). Zero slots holds every execution of the pool back."""
+
+    pool: PoolName
+    slots: Annotated[int, Field(ge=0, le=100_000)]
+    description: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    created_by: Annotated[str, StringConstraints(max_length=256)] | None = None
+    created_at: UtcDatetime | None = None
+
+    @field_validator("created_by", "description")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        return _printable(value)
+
+
+# An event trigger's records together in one JobDue's snapshot (their values as JSON): with
+# the snapshot's params at their limit the record stays under what every consumer reads
+# (codec.MAX_RECORD_BYTES). A run's batch closes before it would pass this; a record whose
+# value alone passes MAX_EVENT_VALUE_BYTES is carried without it (`value_omitted`).
+MAX_EVENTS_BYTES = 160 * 1024
+MAX_EVENT_VALUE_BYTES = 64 * 1024
+
+
+class TriggerEvent(UtcModel):
+    """One record of an event trigger's run (`ctx.events`): where it is, when it was
+    written, its key and headers as text and its value parsed as JSON when it parses,
+    else its text (docs/decisions/0057)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    topic: TopicName
+    partition: Annotated[int, Field(ge=0)]
+    offset: Annotated[int, Field(ge=0)]
+    timestamp: UtcDatetime
+    key: str | None = None
+    value: Any = None
+    headers: dict[str, str | None] = Field(default_factory=dict)
+    # The value was larger than MAX_EVENT_VALUE_BYTES: read the record at its position.
+    value_omitted: bool = False
+
+
 class JobSnapshot(Record):
     """What a worker needs from the definition to run one execution."""
 
@@ -522,15 +678,25 @@ class JobSnapshot(Record):
     queue: QueueName = "default"
     concurrency_policy: ConcurrencyPolicy = "ALLOW"
     max_concurrent_runs: MaxConcurrentRuns | None = None
+    concurrency: Concurrency | None = None
+    pool: PoolName | None = None
+    pool_slots: PoolSlots = 1
+    rate_limit: Annotated[RateLimit | None, AfterValidator(_rate_limit)] = None
     # The `job-definitions` offset of the definition this was taken from: the monitor
     # names the run's definition version by it (job_executions.definition_version).
     definition_offset: Annotated[int, Field(ge=0)] | None = None
+    # An event trigger's run: its records (ctx.events), carried with the snapshot so that
+    # its retries and requeues (rebuilt from the QUEUED event's snapshot) run with the same
+    # records, and the projection keeps them (decision 0057); None for any other run.
+    events: Annotated[list[TriggerEvent], Field(max_length=10_000)] | None = None
 
     @classmethod
     def of(cls, definition: JobDefinition, definition_offset: int | None = None,
-           params: dict[str, Any] | None = None) -> JobSnapshot:
+           params: dict[str, Any] | None = None,
+           events: list[TriggerEvent] | None = None) -> JobSnapshot:
         """The snapshot of `definition` (read at `definition_offset`), running with
-        `params` instead of the definition's own when given (`run_params`)."""
+        `params` instead of the definition's own when given (`run_params`), and an event
+        trigger's run's `events`."""
         return cls(
             handler=definition.handler,
             params=definition.params if params is None else params,
@@ -542,7 +708,12 @@ class JobSnapshot(Record):
             queue=definition.queue,
             concurrency_policy=definition.concurrency_policy,
             max_concurrent_runs=definition.max_concurrent_runs,
+            concurrency=definition.concurrency,
+            pool=definition.pool,
+            pool_slots=definition.pool_slots,
+            rate_limit=definition.rate_limit,
             definition_offset=definition_offset,
+            events=events,
         )
 
 
@@ -667,6 +838,20 @@ class JobDue(Record):
                    idempotency_key=step_idempotency_key(definition.job_id, run, snapshot.params),
                    job=snapshot, upstream=upstream)
 
+    @classmethod
+    def event(cls, definition: JobDefinition, events: list[TriggerEvent], scheduled_at: datetime,
+              *, definition_offset: int | None = None) -> JobDue:
+        """The run of an EVENT job with `events` (its first record names the run: a record
+        is in one run only)."""
+        first = events[0]
+        snapshot = JobSnapshot.of(definition, definition_offset, events=events)
+        run = event_run_id(definition.job_id, first.topic, first.partition, first.offset)
+        return cls(execution_id=retry_execution_id(definition.job_id, run, 1),
+                   job_id=definition.job_id, run_id=run, scheduled_at=scheduled_at,
+                   attempt_number=1, reason="EVENT",
+                   idempotency_key=step_idempotency_key(definition.job_id, run, snapshot.params),
+                   job=snapshot)
+
     def next_attempt(self, scheduled_at: datetime) -> JobDue:
         """The attempt after this one (RETRY): a new execution of the same run and key."""
         attempt = self.attempt_number + 1
@@ -728,6 +913,9 @@ class ExecutionEvent(Record):
     cancelled_by: Actor | None = None
     # On QUEUED (and a dispatcher's SKIPPED) events: the JobDue's triggered_by.
     triggered_by: Actor | None = None
+    # On WAITING events: why the execution is held back, in words a person can act on
+    # (`pool etl: 4 of 4 slots in use`).
+    waiting_reason: Message | None = None
 
     @property
     def terminal(self) -> bool:
@@ -780,7 +968,7 @@ def render_event(due: JobDue | FastDue, status: ExecutionStatus, event_id: str, 
         b',"job":', b"null" if job is None else job.to_json(),
         b',"approved_by":', _NULL if approved_by is None else to_json(approved_by),
         b',"rejected_by":null,"cancelled_by":null,"triggered_by":',
-        _NULL if triggered_by is None else to_json(triggered_by), b'}',
+        _NULL if triggered_by is None else to_json(triggered_by), b',"waiting_reason":null}',
     ))
 
 
@@ -812,6 +1000,8 @@ AlertKind = Literal[
     "QUEUE_GROWING",                 # analytics: a queue's depth rose across consecutive windows
     "FIRE_LATE",                     # analytics: an expected fire did not start or finish in time
     "JOB_SUSPENDED",                 # the scheduler: a definition it cannot compute (job not firing)
+    "WAITING_TOO_LONG",              # analytics: an execution held back longer than its job's interval
+    "TRIGGER_BEHIND",                # the scheduler: an event trigger's lag stays high and grows
 ]
 AlertState = Literal["FIRING", "RESOLVED"]
 
@@ -935,14 +1125,20 @@ class SchedulerState(Record):
     `definition_offset` is the `job-definitions` offset the state was computed from: a
     new leader trusts `next_fire_ms` when it matches the live definition's offset and
     recomputes otherwise, so takeover never runs the cron engine for unchanged jobs.
-    Times are Unix epoch milliseconds: this internal record is read a million times at
-    takeover, and integers parse fastest.
+    `calendar_offset` is, for a job that names a calendar, the `calendars` offset of the
+    calendar version `next_fire_ms` was computed with (None: no calendar, or it was not
+    known): a new leader trusts the timing only while that version is still the current
+    one. `runs` counts the job's fires (for `max_runs`; None in records written before it
+    was counted: 0). Times are Unix epoch milliseconds: this internal record is read a
+    million times at takeover, and integers parse fastest.
     """
 
     job_id: JobId
     definition_offset: Annotated[int, Field(ge=0)]
     next_fire_ms: int | None
     last_fire_ms: int | None = None
+    calendar_offset: Annotated[int, Field(ge=0)] | None = None
+    runs: Annotated[int, Field(ge=0)] | None = None
 
 
 def now_utc() -> datetime:

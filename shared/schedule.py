@@ -38,7 +38,8 @@ from cronstream.shared.cron import CronExpression, compiled, resolve_local
 from cronstream.shared.records import JobDefinition, zone_named
 
 __all__ = ["Excluded", "Fire", "StoredTiming", "Timing", "excluded_instants", "first_fire",
-           "from_epoch_ms", "jitter_ms", "next_fire", "next_interval_fire_ms", "plain_interval",
+           "from_epoch_ms", "jitter_ms", "next_after_nominal", "next_fire", "next_interval_fire_ms",
+           "plain_interval",
            "plan_next", "planned", "runs_left", "to_epoch_ms", "to_millis", "upcoming"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -256,6 +257,14 @@ def _moved(definition: Timing, after: datetime, calendar: ResolvedCalendar) -> F
     forward = definition.on_excluded == "NEXT_DAY"
     local_after = after.astimezone(zone).replace(tzinfo=None)
     first_day = local_after.date()
+    if _every_day(cron):
+        # Every day fires at the same wall-clock times: an excluded day's fires land on an
+        # included day at times it fires at anyway (fires landing together are one), so the
+        # moved schedule is SKIP's, stepped a day at a time.
+        return _skipping(definition, after, calendar, None)
+    lean = _own_fire(definition, after, calendar, first_day)
+    if lean is not None:
+        return lean
     day: date | None = _included_from(calendar, first_day, 1)
     for _ in range(MAX_EXCLUDED_DAYS):
         if day is None:
@@ -280,6 +289,36 @@ def _moved(definition: Timing, after: datetime, calendar: ResolvedCalendar) -> F
         # included day up to it, which is `beyond` or later (`beyond` is included).
         day = _included_from(calendar, matching, 1 if forward else -1)
     return None
+
+
+def _own_fire(definition: Timing, after: datetime, calendar: ResolvedCalendar,
+              first_day: date) -> Fire | None:
+    """The common case of `_moved`, on the schedule's own lean path: when every day from
+    the one before `after`'s to the one after the schedule's next fire is included (at most
+    a week), no excluded day's fire can land before that fire — it is the answer, as it is
+    (fires of included days follow the DST rule on either path). None: take the long way."""
+    at = _raw_next(definition, after)
+    if at is None:
+        return None
+    last = at.astimezone(definition.zone).date()
+    if (last - first_day).days > _OWN_FIRE_DAYS:
+        return None
+    day = first_day - _DAY
+    while day <= last + _DAY:
+        if not calendar.included(day):
+            return None
+        day += _DAY
+    return Fire(at, at)
+
+
+def _every_day(cron: CronExpression) -> bool:
+    """The schedule fires on every day of every month, at the same times of day."""
+    return (not cron.dom_restricted and not cron.dow_restricted and len(cron.months) == 12
+            and not (cron.last_offsets or cron.nearest or cron.last_weekday or cron.nth or cron.last_of))
+
+
+# How far ahead `_own_fire` looks for excluded days before it gives up the lean path.
+_OWN_FIRE_DAYS = 7
 
 
 def _included_from(calendar: ResolvedCalendar, day: date, step: int) -> date | None:
@@ -384,6 +423,21 @@ def _last_nominal_until(definition: Timing, after: datetime, span: timedelta,
         else:
             hi = mid
     return _nominal(definition, lo, cal)
+
+
+def next_after_nominal(definition: Timing, nominal: datetime, *,
+                       calendar: ResolvedCalendar | None = None) -> Fire | None:
+    """The fire that follows the fire of nominal instant `nominal`: `plan_next(definition,
+    f)` where f is that fire (jitter included), without its search — the scheduler, going
+    on after a fire it made, knows the fire's nominal instant. The same: a fire lands
+    before the next nominal instant (the jitter is below the gap), so no nominal instant
+    lies in (nominal, f], and the first fire after f is that of the nominal instant after
+    `nominal` (tests/unit/test_clock_calendars.py holds the two equal)."""
+    cal = _checked(definition, calendar)
+    following = _nominal(definition, nominal, cal)
+    if following is None or not definition.jitter_seconds:
+        return following
+    return _jittered(definition, following, _nominal(definition, following.nominal, cal))
 
 
 def next_fire(definition: Timing, after: datetime, *,

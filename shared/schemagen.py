@@ -24,6 +24,7 @@ from cronstream.shared.records import (
     JobDefinition,
     JobDue,
     LogBatch,
+    Pool,
     Record,
     RetryRequest,
 )
@@ -38,6 +39,7 @@ MODELS: dict[str, type[Record]] = {
     "alert": Alert,
     "log-batch": LogBatch,
     "calendar": Calendar,
+    "pool": Pool,
 }
 
 

@@ -20,6 +20,12 @@ class Status(StrEnum):
         member.__doc__ = doc
         return member
 
+    WAITING = ("WAITING",
+               "The dispatcher holds it back under flow control (a pool, a concurrency key, a "
+               "rate limit: decision 0056); waiting_reason says which. The dispatcher that owns the "
+               "limit moves it to QUEUED when it is admitted (first come first served per key, "
+               "round robin across keys); the monitor moves it to CANCELLED on a CANCEL "
+               "command (it held nothing, and releases nothing).")
     QUEUED = ("QUEUED",
               "The dispatcher wrote the work record. The worker that consumes the record moves "
               "it to RUNNING, or to CANCELLED when a CANCEL command came first.")
@@ -65,5 +71,8 @@ FAILURE: frozenset[str] = frozenset({Status.FAILED, Status.TIMED_OUT, Status.PER
 RUN_OUTCOMES: frozenset[str] = frozenset({Status.COMPLETED, Status.PERMANENTLY_FAILED})
 # Events, not resting states: a projected execution keeps its status through them.
 EVENTS_ONLY: frozenset[str] = frozenset({Status.PROGRESS, Status.REQUEUED})
-# Not at rest: waiting for a worker or a person, or running.
-ACTIVE: frozenset[str] = frozenset({Status.QUEUED, Status.RUNNING, Status.AWAITING_APPROVAL})
+# Handed to a worker and not ended: what holds a flow-control slot (decision 0056).
+HOLDING: frozenset[str] = frozenset({Status.QUEUED, Status.RUNNING})
+# Not at rest: waiting for a limit, a worker or a person, or running.
+ACTIVE: frozenset[str] = frozenset({Status.WAITING, Status.QUEUED, Status.RUNNING,
+                                    Status.AWAITING_APPROVAL})

@@ -14,11 +14,14 @@ the queues they use, with the same settings.
 | retries            | S          | compact        | execution_id of next attempt |
 | dead-letters       | 1          | delete 14 d    | original key                 |
 | scheduler-state    | S          | compact        | job_id                       |
+| trigger-state      | S          | compact        | job_id (an EVENT job's)      |
 | scheduler-members  | 1          | delete 1 h     | (nothing: a group's topic)   |
 | dispatcher-state   | P          | compact        | job_id (partition of the job)|
+| admissions         | P          | delete 7 d     | pool (flow control's requests)|
 | commands           | 1          | delete 1 d     | execution_id                 |
 | alerts             | 1          | delete 14 d    | job_id                       |
 | calendars          | 1          | compact        | calendar_id                  |
+| pools              | 1          | compact        | pool name                    |
 | work.<tier>.<queue>| P          | delete 7 d     | job_id                       |
 
 P is `CRONSTREAM_TOPIC_PARTITIONS` (default 6); S the shards of the clock,
@@ -95,6 +98,12 @@ class Topics:
         return f"{self.prefix}scheduler-state"
 
     @property
+    def trigger_state(self) -> str:
+        """The event triggers' positions (key: job_id, the partition of the job's shard),
+        committed with their runs (docs/decisions/0057)."""
+        return f"{self.prefix}trigger-state"
+
+    @property
     def scheduler_members(self) -> str:
         return f"{self.prefix}scheduler-members"
 
@@ -104,6 +113,12 @@ class Topics:
     @property
     def dispatcher_state(self) -> str:
         return f"{self.prefix}dispatcher-state"
+
+    @property
+    def admissions(self) -> str:
+        """Flow control's requests to the partition that admits a pool (decision 0056):
+        same partition count as `job-due`, partitions chosen by the dispatcher."""
+        return f"{self.prefix}admissions"
 
     @property
     def commands(self) -> str:
@@ -119,11 +134,17 @@ class Topics:
         scheduler shard and the monitor read all of them."""
         return f"{self.prefix}calendars"
 
+    @property
+    def pools(self) -> str:
+        """Pools of slots (key: the pool's name; null deletes): one partition, since the
+        dispatchers that admit pooled executions and the monitor read all of them."""
+        return f"{self.prefix}pools"
+
     def public(self) -> list[str]:
         """The topics other systems produce to or consume from: a compatibility contract
         (schemas/asyncapi.yaml, docs/consuming-events.md)."""
-        return [self.job_definitions, self.calendars, self.execution_events, self.alerts,
-                self.dead_letters]
+        return [self.job_definitions, self.calendars, self.pools, self.execution_events,
+                self.alerts, self.dead_letters]
 
     def shard(self, job_id: str) -> int:
         """The partition of `scheduler-state` and `retries` that holds what the clock keeps
@@ -153,11 +174,14 @@ class Topics:
             TopicSpec(self.retries, self.shards, dict(_COMPACT)),
             TopicSpec(self.dead_letters, 1, {"retention.ms": str(14 * _DAY_MS)}),
             TopicSpec(self.scheduler_state, self.shards, dict(_COMPACT)),
+            TopicSpec(self.trigger_state, self.shards, dict(_COMPACT)),
             self.members_spec(),
             TopicSpec(self.dispatcher_state, p, dict(_COMPACT)),
+            TopicSpec(self.admissions, p, week),
             TopicSpec(self.commands, 1, {"retention.ms": str(_DAY_MS)}),
             TopicSpec(self.alerts, 1, {"retention.ms": str(14 * _DAY_MS)}),
             TopicSpec(self.calendars, 1, dict(_COMPACT)),
+            TopicSpec(self.pools, 1, dict(_COMPACT)),
             *self.work_specs(queues),
         ]
 

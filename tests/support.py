@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cronstream.services.monitor.housekeeping import Housekeeping
 from cronstream.services.monitor.outbound import Outbound
@@ -134,11 +134,16 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, sig)
 
-    def stop(self, timeout: float = 40.0) -> int:
-        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+    def terminate(self) -> None:
+        """SIGTERM (SIGCONT first, for a paused one), without waiting: `stop` waits."""
         if self.alive():
             self.signal(signal.SIGCONT)
             self.signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 40.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.alive():
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -151,6 +156,17 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def shards_led(proc: ServiceProcess) -> set[int]:
+    """The shards a process has taken over and not stepped down from (its log)."""
+    led: set[int] = set()
+    for line in proc.log().splitlines():
+        if "action=leader_ready" in line:
+            led.add(int(line.split(" shard=")[1].split()[0]))
+        elif "action=leader_stepped_down" in line:
+            led.discard(int(line.split(" shard=")[1].split()[0]))
+    return led
 
 
 def as_role(url: str, role: str) -> str:
@@ -209,19 +225,55 @@ def projection_equals_log(settings: Settings) -> bool:
     return in_db == on_topic  # event_id is the table's key: each is there once
 
 
+# One idempotent producer per broker, kept: a new one waits ~0.5 s for its producer id
+# before its first record (a test publishing 24 definitions waited 12 s for them).
+_PRODUCERS: dict[str, Producer] = {}
+
+
 def produce(settings: Settings, topic: str, key: bytes | None, value: bytes | None,
             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
-    """Publish one record as any plain Kafka client would."""
-    # The Java client's partitioner, as every producer of definitions must use (a job's
-    # shard is the partition murmur2 gives its job_id: shared/shards.py).
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "enable.idempotence": True, "partitioner": "murmur2_random"})
-    producer.produce(topic, value, key, headers=headers)
-    assert producer.flush(30) == 0
+    """Publish one record as any plain Kafka client would, acknowledged before it returns."""
+    servers = settings.kafka_bootstrap_servers
+    failed: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failed.append(err)
+
+    for attempt in range(2):
+        producer = _PRODUCERS.get(servers)
+        if producer is None:
+            # The Java client's partitioner, as every producer of definitions must use (a
+            # job's shard is the partition murmur2 gives its job_id: shared/shards.py).
+            producer = _PRODUCERS[servers] = Producer({
+                "bootstrap.servers": servers, "enable.idempotence": True,
+                "partitioner": "murmur2_random"})
+        failed.clear()
+        producer.produce(topic, value, key, headers=headers, on_delivery=delivered)
+        if producer.flush(30) == 0 and not failed:
+            return
+        # A broker restarted under a kept producer can leave it fenced or stuck: once
+        # more with a new one.
+        del _PRODUCERS[servers]
+        if attempt == 1:
+            raise AssertionError(f"producing to {topic} failed: {failed or 'not acknowledged in 30 s'}")
 
 
 def produce_json(settings: Settings, topic: str, key: str, value: dict[str, Any]) -> None:
     produce(settings, topic, key.encode(), json.dumps(value).encode())
+
+
+def high_watermark(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+    """A partition's watermarks, asked again while the broker answers with a retriable
+    error (a topic created a moment ago may not have elected its partitions' leader yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Message]:
@@ -235,7 +287,7 @@ def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Mess
         metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
         ends = {}
         for p in metadata.partitions:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout)
+            _low, high = high_watermark(consumer, TopicPartition(topic, p), timeout)
             if high > 0:
                 ends[p] = high
         if not ends:
@@ -245,7 +297,9 @@ def read_all(settings: Settings, topic: str, timeout: float = 10.0) -> list[Mess
         pending = set(ends)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
+            # consume(n, t) returns after t unless n arrived: short waits, or every read
+            # of a small topic took its whole timeout.
+            for msg in consumer.consume(1000, 0.05):
                 _topic, partition, offset = position(msg)
                 if msg.error() is not None:
                     if partition in pending and offset >= ends[partition]:
@@ -302,3 +356,21 @@ def value(msg: Message) -> bytes:
     found = msg.value()
     assert isinstance(found, bytes), f"a tombstone at {position(msg)}"
     return found
+
+
+def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most [start, end] spans that overlap at one instant (an end before a start at
+    the same instant: a slot released and taken again)."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def pool_slots_in_use(metrics_text: str, pool: str) -> float | None:
+    """cronstream_pool_slots_in_use of `pool` in a dispatcher's /metrics."""
+    match = re.search(rf'^cronstream_pool_slots_in_use\{{pool="{re.escape(pool)}"\}} (\S+)$',
+                      metrics_text, re.MULTILINE)
+    return None if match is None else float(match[1])

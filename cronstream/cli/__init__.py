@@ -18,6 +18,7 @@ from cronstream.cli import (
     job_cmds,
     kafka_acls_cmd,
     logs_cmd,
+    pool_cmds,
     prune_cmd,
     schedulers_cmd,
     service_cmds,
@@ -36,8 +37,8 @@ from cronstream.cli.output import emit
 # Commands that act as a client (not services, not local infrastructure).
 CLIENT_COMMANDS = frozenset({
     "alerts", "apply", "approve", "backfill", "calendar", "calendars", "cancel", "completion",
-    "delete", "describe", "diff", "get", "history", "jobs", "kafka-acls", "logs", "pause", "preview",
-    "reject", "resume", "runs", "schedulers", "tail", "trigger", "workers"})
+    "delete", "describe", "diff", "get", "history", "jobs", "kafka-acls", "logs", "pause", "pool", "pools",
+    "preview", "reject", "resume", "runs", "schedulers", "tail", "trigger", "workers"})
 
 
 @click.group(cls=CronstreamGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -97,7 +98,7 @@ def cli(ctx: click.Context, bootstrap_servers: str | None, database_url: str | N
 
 for module in (infra_cmds, service_cmds, job_cmds, view_cmds, inspect_cmds, history_cmds, logs_cmd,
                completion_cmd, dev_cmd, ui_cmd, prune_cmd, kafka_acls_cmd, schedulers_cmd,
-               calendar_cmds):
+               calendar_cmds, pool_cmds):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,20 @@ def _spawn(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> su
         [sys.executable, "-m", "cronstream", *args], env=env, stdout=out,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
+
+
+def _stop_on_signals() -> threading.Event:
+    """Ctrl-C and SIGTERM set the event the live view waits on. (As a KeyboardInterrupt,
+    a Ctrl-C that came while the view read PostgreSQL inside asyncio.run cancelled that
+    read, and the cancellation could be swallowed on its way out: `dev` ran on.)"""
+    stopping = threading.Event()
+
+    def stop(_signum: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    return stopping
 
 
 def stop_all(procs: dict[str, subprocess.Popen[bytes]], timeout: float = 40.0) -> None:
@@ -131,12 +146,13 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
         emit("metrics and probes: " + ", ".join(
             f"{name} http://127.0.0.1:{port}/metrics" for name, port in ports.items()
             if name != "ui" and port is not None))
+        stopping = _stop_on_signals()
         if no_view:
-            while all(p.poll() is None for p in procs.values()):
-                time.sleep(0.5)
+            while all(p.poll() is None for p in procs.values()) and not stopping.wait(0.5):
+                pass
         else:
             with Live(refresh_per_second=2, screen=False) as live:
-                while True:
+                while not stopping.is_set():
                     dead = [n for n, p in procs.items() if p.poll() is not None]
                     header = Text(f"cronstream dev — {len(procs) - len(dead)}/{len(procs)} "
                                   f"services up" + (f"; exited: {', '.join(dead)}" if dead else ""))
@@ -145,7 +161,8 @@ def dev(state: CliState, examples: str | None, n_workers: int, no_view: bool) ->
                         live.update(Group(header, runs_table(rows)))
                     except Exception as exc:  # the projection may not exist for a moment
                         live.update(Group(header, Text(f"waiting for the monitor: {exc}")))
-                    time.sleep(1)
+                    stopping.wait(1)
+        emit("stopping ...")
     except KeyboardInterrupt:
         emit("stopping ...")
     finally:

@@ -139,6 +139,11 @@ def _schedule_text(d: JobDefinition) -> str:
         return f"every {d.interval_seconds}s"
     if d.type == "ONE_TIME":
         return f"once at {_when(d.run_at)}"
+    if d.type == "EVENT" and d.event is not None:
+        e = d.event
+        return (f"records of {e.topic}" + (f" where {e.filter}" if e.filter else "")
+                + f", {e.batch.max_events} per run at most, waiting at most "
+                  f"{e.batch.max_wait_seconds:g}s (from {e.start})")
     return f"after {', '.join(d.depends_on)} (trigger rule {d.trigger_rule})"
 
 
@@ -167,8 +172,13 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
         downstream = [r["downstream_job_id"]
                       for r in Plumbing(client).fetch("job_downstream_ids", job_id)]
         recent = client.runs(job_id, limit=n_runs) if n_runs else []
+        trigger = Plumbing(client).trigger_lag(d) if d.type == "EVENT" else None
     _field("Job", d.job_id + (f"  ({d.name})" if d.name else ""))
     _field("Type", f"{d.type}: {_schedule_text(d)}")
+    if d.type == "EVENT":
+        _field("Trigger", "not accepted by a scheduler yet" if trigger is None else
+               f"lag {trigger[0]} records (not yet in a run); positions "
+               + (", ".join(f"{p}:{o}" for p, o in sorted(trigger[1].items())) or "none committed"))
     _field("Enabled", "yes" if d.enabled else "no (paused)")
     _field("Handler", f"{d.handler}  queue {d.queue}, priority {d.priority}")
     if d.params:
@@ -182,6 +192,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     if d.start_at or d.end_at:
         _field("Active", f"from {_when(d.start_at)} until {_when(d.end_at)}")
     _timing_fields(d, calendar)
+    _flow_fields(d)
     _field("Created", f"{_when(d.created_at)} by {d.created_by or '-'}")
     _field("Updated", _when(row["updated_at"]))
     if row["version"] is not None:
@@ -195,7 +206,7 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
     if d.requires_approval:
         emit("  approval:     required (approve / reject)")
     emit(f"  downstream:   {', '.join(downstream) or '-'}")
-    if fires and d.type != "DEPENDENT":
+    if fires and d.type not in ("DEPENDENT", "EVENT"):
         _next_fires(d, fires, calendar)
     emit("Recent runs:")
     if not recent:
@@ -205,6 +216,34 @@ def describe_job(state: CliState, job_id: str, fires: int, n_runs: int) -> None:
                  for r in (plain(e.to_dict()) for e in recent)]
         emit("\n".join("  " + line for line in
                        plain_table([c.header.upper() for c in RECENT], cells).splitlines()))
+
+
+def _flow_fields(d: JobDefinition) -> None:
+    """Flow control (decision 0056): what holds the job's executions back, if anything."""
+    limits = []
+    if d.concurrency is not None:
+        per = f"per {d.concurrency.key}" if d.concurrency.key else "for the job"
+        limits.append(f"{d.concurrency.max_running} running at once {per}")
+    if d.pool is not None:
+        limits.append(f"pool {d.pool} ({d.pool_slots} slot{'s' if d.pool_slots != 1 else ''} each)")
+    if d.rate_limit is not None:
+        limits.append(f"at most {d.rate_limit} starts")
+    if limits:
+        _field("Flow control", "; ".join(limits))
+
+
+def _waiting(e: Execution) -> None:
+    """Why it waits (a WAITING execution), or why it waited (one admitted since)."""
+    if e.waiting_reason:
+        _field("Waiting" if e.status == "WAITING" else "Waited", e.waiting_reason)
+
+
+def _trigger_events_field(records: list[Any]) -> None:
+    """Where an event trigger's run's records are (its first 20)."""
+    if records:
+        shown = ", ".join(f"{r['topic']}[{r['partition']}]@{r['offset']}" for r in records[:20])
+        _field("Events", f"{len(records)} record(s): {shown}"
+                         + (f", and {len(records) - 20} more" if len(records) > 20 else ""))
 
 
 @describe.command("execution")
@@ -219,6 +258,7 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
         run = reads.fetch("run_executions", e.run_id)
         log_state = reads.fetch("log_state", execution_id)[0]
         traceback = reads.fetch("last_traceback", execution_id)
+        records = reads.fetch("execution_trigger_events", execution_id) if e.reason == "EVENT" else []
     _field("Execution", str(e.execution_id))
     _field("Job", e.job_id)
     _field("Run", str(e.run_id))
@@ -227,11 +267,13 @@ def describe_execution(state: CliState, execution_id: uuid.UUID) -> None:
     _field("Attempt", f"{e.attempt_number}" + (f", delivery {e.delivery} (re-queued)"
                                               if e.delivery > 1 else ""))
     _field("Reason", e.reason or "-")
+    _waiting(e)
     if e.triggered_by:
         _field("Triggered by", e.triggered_by)
     _field("Definition", f"version {e.definition_version} (cronstream get job {e.job_id} "
                          f"--version {e.definition_version})" if e.definition_version else "-")
     _field("Params", json.dumps(e.params, ensure_ascii=False) if e.params is not None else "-")
+    _trigger_events_field(records)
     _field("Worker", e.worker_id or "-")
     _field("Scheduled", _when(e.scheduled_at))
     _field("Queued", _when(e.queued_at))

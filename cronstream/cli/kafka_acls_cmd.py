@@ -8,7 +8,7 @@ import click
 
 from cronstream.cli.common import CliState, pass_state
 from cronstream.cli.output import Column, dump_json, dump_yaml, emit, show
-from cronstream.shared.acls import DEFAULT_PRINCIPAL_PREFIX, PRINCIPALS, Acl, acls, principals
+from cronstream.shared.acls import DEFAULT_PRINCIPAL_PREFIX, PRINCIPALS, Acl, acls, principals, trigger_topics
 
 COLUMNS = [
     Column("principal", lambda r: r["principal"]),
@@ -75,17 +75,26 @@ def apply(state: CliState, bindings: list[Acl]) -> int:
 @click.option("-o", "--output", "fmt", default="table", show_default=True,
               type=click.Choice(["table", "json", "yaml", "commands"]),
               help="Output format (`commands`: kafka-acls.sh invocations).")
+@click.option("--trigger-topic", "trigger_topics_given", multiple=True, metavar="TOPIC",
+              help="A source topic of an event trigger (its full name; repeatable): the "
+                   "scheduler may read it.")
+@click.option("--from-definitions", is_flag=True,
+              help="Add READ for the source topic of every EVENT job published now (reads "
+                   "job-definitions to its end).")
 @click.option("--apply", "apply_them", is_flag=True,
               help="Create them on the cluster through the Admin API, with this command's own "
                    "Kafka credentials (an administrator's: CRONSTREAM_KAFKA_SASL_*).")
 @pass_state
 def kafka_acls(state: CliState, overrides: tuple[str, ...], principal_prefix: str, only: tuple[str, ...],
-               fmt: str, apply_them: bool) -> None:
+               trigger_topics_given: tuple[str, ...], from_definitions: bool, fmt: str,
+               apply_them: bool) -> None:
     """The minimal Kafka ACLs of each principal: the services, the dashboard, the CLI and SDK
     writers, KEDA and `cronstream init`, for this topic prefix.
 
     Each part authenticates as its own principal (docs/deploy.md, "Who may do what"):
     a worker cannot publish job definitions, the dashboard cannot write execution events.
+    The scheduler reads the source topics of event triggers: name them with --trigger-topic,
+    or take them from the published EVENT jobs with --from-definitions.
     """
     given: dict[str, str] = {}
     for item in overrides:
@@ -99,7 +108,11 @@ def kafka_acls(state: CliState, overrides: tuple[str, ...], principal_prefix: st
         raise click.BadParameter(str(exc), param_hint="--principal") from None
     if only:
         names = {part: names[part] for part in only}
-    bindings = acls(state.settings().topics, names)
+    sources = set(trigger_topics_given)
+    if from_definitions:
+        with state.client() as client:
+            sources.update(trigger_topics(client.definitions().values()))
+    bindings = acls(state.settings().topics, names, sorted(sources))
     if apply_them:
         count = apply(state, bindings)
         emit(f"{count} ACL bindings applied for {', '.join(names)}", err=True)

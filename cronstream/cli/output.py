@@ -83,6 +83,8 @@ def ago(value: Any) -> str:
     if value is None:
         return "-"
     t = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if t.year <= 1 or t.year >= 9999:  # PostgreSQL's ±infinity: not known yet
+        return "-"
     seconds = (datetime.now(UTC) - t).total_seconds()
     ahead = seconds < 0
     seconds = abs(seconds)

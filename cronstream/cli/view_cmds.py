@@ -152,7 +152,8 @@ RUN_COLUMNS = [
     Column("duration", lambda r: (f"{(r['completed_at'] - r['started_at']).total_seconds():.3f}s"
                                   if r["completed_at"] and r["started_at"] else "-"), wide_only=True),
     Column("queue", lambda r: r["queue"], wide_only=True),
-    Column("detail", lambda r: r["error_message"] or r["progress_message"]),
+    Column("detail", lambda r: (r.get("waiting_reason") if r["status"] == "WAITING" else None)
+           or r["error_message"] or r["progress_message"]),
 ]
 
 

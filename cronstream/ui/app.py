@@ -46,6 +46,7 @@ from cronstream.ui.actions import ActionFailed, ActionRefused, Actions
 from cronstream.ui.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, SESSION_SECONDS, Auth, Identity
 from cronstream.ui.hosts import AllowedHosts, HostGuard
 from cronstream.ui.live import CHANNELS, LiveHub, LiveResponse
+from cronstream.ui.pools import PoolSizes
 from cronstream.ui.present import FILTERS
 from cronstream.ui.schedulers import SchedulerRoles, SchedulersUnavailable
 from cronstream.ui.store import DatabaseUnavailable, Store
@@ -102,6 +103,8 @@ class UI:
                            max_streams_per_client=settings.ui_live_streams_per_client)
         # The Schedulers page reads Kafka, as `cronstream schedulers` does.
         self.schedulers = SchedulerRoles(partial(scheduler_rows, settings))
+        # The Pools page reads the pools' sizes from Kafka, as `cronstream pools` does.
+        self.pool_sizes = PoolSizes(settings)
 
     async def render_log(self, execution_id: UUID) -> str:
         """The live log of one execution: its last lines, where it stands, its traceback
@@ -121,7 +124,7 @@ class UI:
         return json.dumps({
             "counts": data["counts"],
             **{section: str(rows(data[section], section))
-               for section in ("running", "queued", "awaiting", "recent")},
+               for section in ("running", "queued", "waiting", "awaiting", "recent")},
         })
 
     # -- rendering ------------------------------------------------------------------
@@ -409,6 +412,11 @@ async def workers_page(ui: UI, request: Request) -> Response:
 
 
 @page
+async def pools_page(ui: UI, request: Request) -> Response:
+    return ui.page(request, "pools.html", await views.pools(ui.store, await ui.pool_sizes.get()))
+
+
+@page
 async def schedulers_page(ui: UI, request: Request) -> Response:
     try:
         context = await views.schedulers(ui.schedulers, ui.settings.scheduler_standbys)
@@ -671,6 +679,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         finally:
             ui.hub.close()
             ui.schedulers.close()
+            ui.pool_sizes.close()
             await store.close()
             if actions is not None:
                 actions.close()
@@ -694,6 +703,7 @@ def create_app(settings: Settings, *, with_actions: bool = True) -> Starlette:
         Route("/executions/{execution_id}/reject", reject, methods=["POST"]),
         Route("/timeline", timeline_page),
         Route("/workers", workers_page),
+        Route("/pools", pools_page),
         Route("/schedulers", schedulers_page),
         Route("/alerts", alerts_page),
         Route("/login", login_page, methods=["GET"]),

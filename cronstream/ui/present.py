@@ -11,12 +11,22 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 STATUS_CLASSES = {
     "QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED",
-    "SKIPPED", "AWAITING_APPROVAL", "PROGRESS", "REQUEUED", "PENDING",
+    "SKIPPED", "AWAITING_APPROVAL", "PROGRESS", "REQUEUED", "PENDING", "WAITING",
 }
+
+
+def known(t: datetime | None) -> datetime | None:
+    """`t`, or None for PostgreSQL's ±infinity (the driver's datetime.min and .max): a job
+    whose next run is being re-planned after its calendar changed has `-infinity` until
+    the monitor computes it, and converting that to a zone fails."""
+    if t is None or t.year <= 1 or t.year >= 9999:
+        return None
+    return t
 
 
 def utc(t: datetime | None) -> str:
     """`2026-05-01 02:30:00Z` (milliseconds when there are any)."""
+    t = known(t)
     if t is None:
         return "-"
     t = t.astimezone(UTC)
@@ -28,6 +38,7 @@ def utc(t: datetime | None) -> str:
 
 def local(t: datetime | None, zone: str | None) -> str:
     """The same instant on the wall clock of `zone`, with its abbreviation."""
+    t = known(t)
     if t is None or not zone or zone == "UTC":
         return ""
     try:
@@ -63,6 +74,7 @@ def between(start: datetime | None, end: datetime | None) -> str:
 
 def ago(t: datetime | None, now: datetime | None = None) -> str:
     """`12 s ago`, `in 3m 00s`."""
+    t = known(t)
     if t is None:
         return "-"
     delta = ((now or datetime.now(UTC)) - t).total_seconds()
@@ -121,6 +133,8 @@ def schedule_text(row: Any) -> str:
         return f"every {duration(float(row['interval_seconds']))}"
     if kind == "ONE_TIME":
         return f"once at {utc(row['run_at'])}"
+    if kind == "EVENT":
+        return "on records of its topic"
     return "after " + ", ".join(row["depends_on"] or [])
 
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from cronstream.shared.calendars import ResolvedCalendar, resolve
 from cronstream.shared.condition import ConditionError, parse_condition
-from cronstream.shared.records import Calendar, ExecutionStatus, JobDefinition
+from cronstream.shared.records import Calendar, ExecutionStatus, JobDefinition, Pool
 from cronstream.shared.schedule import upcoming
 from cronstream.shared.statuses import FINAL, TERMINAL, Status
 from cronstream.ui import graph
@@ -30,11 +30,14 @@ from cronstream.versions import DefinitionVersion, changed_fields, to_yaml, with
 PAGE_SIZE = 50
 STATUS_SCAN = 2000      # jobs probed per page when filtering by last status
 LIVE_ROWS = 100
+# Executions the Pools page lists (holders and waiters of every pool together).
+POOL_ROWS = 500
 RESULT_CHARS = 16 * 1024
 TIMELINE_JOBS = 25
 TIMELINE_BUCKETS = 240
 TIMELINE_HOURS = (6, 24, 72, 168)
 LOG_LINES_SHOWN = 1000  # the execution page's log: its last lines
+TRIGGER_RECORDS_SHOWN = 200  # an event trigger's run: its first records' positions
 VERSIONS_SHOWN = 20  # the job page's latest versions
 STATUSES: tuple[str, ...] = ExecutionStatus.__args__  # type: ignore[attr-defined]
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
@@ -189,8 +192,10 @@ def _version_number(value: str, name: str) -> int:
 async def runs(store: Store) -> dict[str, Any]:
     counts = {r["status"]: r["n"] for r in await store.fetch("active_counts")}
     return {
-        "counts": {s: counts.get(s, 0) for s in (Status.RUNNING, Status.QUEUED, Status.AWAITING_APPROVAL)},
+        "counts": {s: counts.get(s, 0) for s in (Status.RUNNING, Status.QUEUED, Status.AWAITING_APPROVAL,
+                                                 Status.WAITING)},
         "running": await store.fetch("active", "RUNNING", LIVE_ROWS),
+        "waiting": await store.fetch("active", "WAITING", LIVE_ROWS),
         "queued": await store.fetch("active", "QUEUED", LIVE_ROWS),
         "awaiting": await store.fetch("active", "AWAITING_APPROVAL", LIVE_ROWS),
         "recent": await store.fetch("recent_terminal", LIVE_ROWS),
@@ -207,7 +212,11 @@ async def execution(store: Store, execution_id: UUID) -> dict[str, Any]:
     return {
         "execution": row,
         "events": await store.fetch("execution_events", execution_id, 500),
+        "trigger_records": (
+            await store.fetch("execution_trigger_records", execution_id, TRIGGER_RECORDS_SHOWN)
+            if row["reason"] == "EVENT" else []),
         "attempts": await store.fetch("run_attempts", row["run_id"], row["job_id"]),
+        "trigger_records_shown": TRIGGER_RECORDS_SHOWN,
         "result_truncated": (row["result_chars"] or 0) > RESULT_CHARS,
         "now": datetime.now(UTC),
         **await execution_log(store, execution_id),
@@ -295,6 +304,33 @@ async def dag_run(store: Store, run_id: UUID) -> dict[str, Any]:
 async def workers(store: Store) -> dict[str, Any]:
     return {"workers": await store.fetch("workers", 500),
             "queues": await store.fetch("queue_depth"), "now": datetime.now(UTC)}
+
+
+async def pools(store: Store, known: dict[str, Pool] | None) -> dict[str, Any]:
+    """Per pool: its slots (None: unknown) and description, the slots held and by whom, and
+    what waits and why (decision 0056). A pool that nothing uses is listed with its size
+    alone; one that executions name but Kafka does not know, with an unknown size."""
+    rows = await store.fetch("pool_executions", POOL_ROWS)
+    found: dict[str, dict[str, Any]] = {}
+
+    def entry(name: str) -> dict[str, Any]:
+        pool = (known or {}).get(name)
+        return found.setdefault(name, {
+            "pool": name, "slots": None if pool is None else pool.slots,
+            "description": None if pool is None else pool.description,
+            "in_use": 0, "holders": [], "waiters": []})
+
+    for name in sorted(known or {}):
+        entry(name)
+    for r in rows:
+        pool = entry(r["pool"])
+        if r["status"] == Status.WAITING:
+            pool["waiters"].append(r)
+        else:
+            pool["holders"].append(r)
+            pool["in_use"] += r["slots"]
+    return {"pools": sorted(found.values(), key=lambda p: p["pool"]), "sizes_known": known is not None,
+            "limit": POOL_ROWS, "now": datetime.now(UTC)}
 
 
 async def schedulers(roles: SchedulerRoles, standbys: int) -> dict[str, Any]:

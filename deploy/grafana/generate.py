@@ -225,6 +225,11 @@ PLATFORM = Dashboard(
              (("{{instance}}", "sum by (instance) (cronstream_scheduler_standby_lag_records)"),),
              description="Records of its standby shards a scheduler has not applied yet: what a takeover "
                          "from it would first catch up on. Near 0 but while a process warms up."),
+        Prom("Event trigger lag, per scheduler",
+             (("{{instance}}", "sum by (instance) (cronstream_trigger_lag_records)"),),
+             description="Records of the event triggers' topics, in the shards a scheduler leads, not yet "
+                         "in a run (docs/decisions/0057). `cronstream describe job` shows each "
+                         "trigger's own."),
         Prom("Projection lag (events not yet in PostgreSQL)",
              (("lag", "sum(cronstream_projection_lag_events)"),
               ("projected/s", f"sum({_rate('cronstream_projection_records_total')})"))),
@@ -234,6 +239,14 @@ PLATFORM = Dashboard(
         Prom("Worker pool use",
              (("busy", "sum(cronstream_worker_slots_busy)"), ("slots", "sum(cronstream_worker_slots)"),
               ("buffered", "sum(cronstream_worker_buffered)"))),
+        Prom("Flow control: pool slots in use, and executions waiting by reason",
+             (("in use {{pool}}", "sum by (pool) (cronstream_pool_slots_in_use)"),
+              ("waiting: {{reason}}", "sum by (reason) (cronstream_waiting_executions)")),
+             description="Slots of each pool held by admitted executions (0 once all is done: a "
+                         "slot that stays held is a leak), and what holds the waiting ones back: a "
+                         "pool, a concurrency key, a rate limit, a pool that does not exist. "
+                         "`cronstream pools` and `cronstream runs --status WAITING` say which "
+                         "(decision 0056)."),
         Prom("Kafka transaction aborts and producer resets, by service",
              (("aborts {{service}}",
                "sum by (service) (increase(cronstream_kafka_transaction_aborts_total[$__rate_interval]))"),

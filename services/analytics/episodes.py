@@ -17,7 +17,7 @@ from cronstream.shared.ids import NAMESPACE
 from cronstream.shared.records import Alert, AlertKind
 
 ANALYTICS_KINDS: frozenset[str] = frozenset(
-    {"SUCCESS_RATE_LOW", "DURATION_REGRESSION", "QUEUE_GROWING", "FIRE_LATE"})
+    {"SUCCESS_RATE_LOW", "DURATION_REGRESSION", "QUEUE_GROWING", "FIRE_LATE", "WAITING_TOO_LONG"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ Start, in this order (no offsets are committed, no internal topics are created):
 Then, live: every second the jobs with news (and every job every ten seconds) are judged;
 every `analytics_queue_window_seconds` the work queues' depths are sampled (queues.py).
 
-Alerts: SUCCESS_RATE_LOW, DURATION_REGRESSION, FIRE_LATE (key: job_id) and QUEUE_GROWING
-(key: `queue:<queue>`). A transition's record is produced and flushed before the episode
+Alerts: SUCCESS_RATE_LOW, DURATION_REGRESSION, FIRE_LATE, WAITING_TOO_LONG (key: job_id)
+and QUEUE_GROWING (key: `queue:<queue>`). A transition's record is produced and flushed before the episode
 changes state here, so a crash in between repeats it at most once, with the same
 `alert_id`.
 
@@ -50,6 +50,7 @@ from cronstream.services.analytics.episodes import (
 )
 from cronstream.services.analytics.ledger import ALERTING, FireLedger, LateStatus
 from cronstream.services.analytics.queues import QueueTrends, Trend
+from cronstream.services.analytics.waits import Waits
 from cronstream.services.analytics.windows import (
     JobWindow,
     Thresholds,
@@ -85,7 +86,8 @@ BATCH = 5000
 TICK_SECONDS = 1.0
 FULL_ROUND_EVERY = 10  # ticks between judging every job (windows also move with time)
 SEVERITY: dict[str, Any] = {"SUCCESS_RATE_LOW": "error", "DURATION_REGRESSION": "warning",
-                            "QUEUE_GROWING": "warning", "FIRE_LATE": "error"}
+                            "QUEUE_GROWING": "warning", "FIRE_LATE": "error",
+                            "WAITING_TOO_LONG": "warning"}
 
 
 def _ms(t: datetime) -> int:
@@ -116,6 +118,7 @@ class AnalyticsService:
         self.ledger = FireLedger(int((time.time() - self.lookback) * 1000))
         self.trends = QueueTrends(settings.analytics_queue_windows)
         self._dirty: set[str] = set()
+        self.waits = Waits()
         self._producer: IdempotentProducer | None = None
         self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analytics-produce")
 
@@ -227,6 +230,8 @@ class AnalyticsService:
 
     def _event(self, event: ExecutionEvent) -> None:
         metrics.ANALYTICS_EVENTS.inc()
+        self.waits.event(event.job_id, event.execution_id, event.status, _ms(event.occurred_at),
+                         event.waiting_reason)
         terminal = event.status in TERMINAL
         self.ledger.event(event.job_id, event.execution_id, status=event.status,
                           attempt=event.attempt_number, scheduled_ms=_ms(event.scheduled_at),
@@ -247,6 +252,7 @@ class AnalyticsService:
             return
         observed = record_time_ms(msg)
         if msg.value() is None:
+            self.waits.definition(job_id, None)
             self.thresholds.pop(job_id, None)
             self.ledger.definition(job_id, None, valid=True, observed_ms=observed)
             self._dirty.add(job_id)
@@ -256,6 +262,7 @@ class AnalyticsService:
             self.ledger.definition(job_id, None, valid=False, observed_ms=observed)
             return
         th = self.thresholds[job_id] = Thresholds.of(self.settings, definition.alerts)
+        self.waits.definition(job_id, definition)
         self.ledger.definition(job_id, definition, valid=True, observed_ms=observed,
                                late_after_s=th.late_after_seconds,
                                finish_within_s=th.finish_within_seconds)
@@ -279,6 +286,7 @@ class AnalyticsService:
             transition = self.episodes.evaluate("FIRE_LATE", job_id, late, late, now_ms)
             if transition is not None:
                 out.append((transition, self._late_alert(transition, job_id, status, th, now_ms)))
+        out += self._judge_waits(now_ms)
         # Subjects that vanished (a deleted job) close their episodes.
         for kind in ("SUCCESS_RATE_LOW", "DURATION_REGRESSION", "FIRE_LATE"):
             tracked = self.ledger.jobs if kind == "FIRE_LATE" else self.windows
@@ -332,6 +340,26 @@ class AnalyticsService:
                                f"{durations.baseline_p95:.2f}s (threshold {th.duration_factor:g}x)")
             out.append((transition, self._alert(transition, now_ms, job_id=job_id,
                                                 evidence=evidence, summary=summary)))
+        return out
+
+    def _judge_waits(self, now_ms: int) -> list[tuple[Transition, Alert]]:
+        """WAITING_TOO_LONG per job with waiting executions or an open episode."""
+        out = []
+        for job_id in sorted(self.waits.jobs() | set(self.episodes.subjects("WAITING_TOO_LONG"))):
+            wait = self.waits.judge(job_id, now_ms)
+            th = self.thresholds.get(job_id, self.defaults)
+            late = wait.too_long and th.enabled
+            transition = self.episodes.evaluate("WAITING_TOO_LONG", job_id, late, late, now_ms)
+            if transition is None:
+                continue
+            summary = (f"{job_id}: an execution has waited {wait.oldest_seconds:.0f}s, longer than "
+                       f"the job's interval of {wait.interval_seconds or 0:g}s ({wait.reason})"
+                       if transition.state == "FIRING" else f"{job_id}: nothing waits too long")
+            out.append((transition, self._alert(
+                transition, now_ms, job_id=job_id, summary=summary,
+                evidence={"waiting": wait.waiting, "oldest_waiting_seconds": round(wait.oldest_seconds, 3),
+                          "interval_seconds": wait.interval_seconds, "waiting_reason": wait.reason,
+                          "execution_id": str(wait.oldest_execution) if wait.oldest_execution else None})))
         return out
 
     def _late_alert(self, transition: Transition, job_id: str, status: LateStatus,

@@ -7,7 +7,7 @@ not terminal yet, from the QUEUED events it writes and the events it reads back 
 consumed offsets that caused it; an instance assigned partition i reads partition i of
 `dispatcher-state` before it dispatches anything.
 
-Decisions, for a JobDue of a new run (reason SCHEDULE, MANUAL, BACKFILL, DEPENDENCY):
+Decisions, for a JobDue of a new run (reason SCHEDULE, MANUAL, BACKFILL, DEPENDENCY, EVENT):
 - ALLOW: queue it.
 - FORBID: another execution of the job is not terminal → SKIPPED, with the reason.
 - `max_concurrent_runs: N` (with ALLOW; FORBID is N = 1): N runs of the job are not
@@ -30,13 +30,13 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from cronstream.shared.fast_records import DueRecord, FastSnapshot
+from cronstream.shared.fast_records import DueRecord, EventRecord, FastSnapshot
 from cronstream.shared.ids import retry_execution_id
-from cronstream.shared.records import ExecutionEvent, JobSnapshot, UtcDatetime, UtcModel
+from cronstream.shared.records import JobSnapshot, UtcDatetime, UtcModel
 from cronstream.shared.statuses import RETRYABLE, TERMINAL
 
 Decision = Literal["QUEUE", "SKIP", "REPLACE"]
-NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY"})
+NEW_RUN_REASONS = frozenset({"SCHEDULE", "MANUAL", "BACKFILL", "DEPENDENCY", "EVENT"})
 
 
 def run_limit(job: JobSnapshot | FastSnapshot) -> int | None:
@@ -126,7 +126,7 @@ class PolicyState:
             attempt_number=due.attempt_number, scheduled_at=due.scheduled_at,
             delivery=due.delivery, status="QUEUED", max_retries=due.job.max_retries))
 
-    def observe(self, event: ExecutionEvent, partition: int) -> None:
+    def observe(self, event: EventRecord, partition: int) -> None:
         """Follow an event of a tracked job."""
         executions = self.jobs.get(event.job_id)
         if executions is None:

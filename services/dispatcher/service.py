@@ -12,6 +12,11 @@ When a transaction is aborted, or hangs and its producer is replaced (outcome un
 shared/producers.py), nothing of the batch is trusted: the partitions rewind to their
 committed offsets and the state is read back from `dispatcher-state`, both settled by
 then, and the batch is processed again from what actually committed.
+
+Flow control (flow.py, admission.py: decision 0056): the JobDues of jobs with
+`concurrency`, `pool` or `rate_limit` ask their admission partition to start; held back,
+they are WAITING until admitted. The group also consumes `admissions` (the requests
+forwarded to a pool's partition), and each instance follows `pools`.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
+from cronstream.services.dispatcher.admission import PREFIX as FLOW_PREFIX
+from cronstream.services.dispatcher.admission import Ask
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
+from cronstream.services.dispatcher.flow import AdmissionRequest, Flow, ask_of, limited
 from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
-from cronstream.shared.codec import DecodeError, decode
-from cronstream.shared.fast_records import DueRecord, as_model, decode_due
+from cronstream.shared.codec import DecodeError
+from cronstream.shared.fast_records import DueRecord, EventRecord, as_model, decode_due, decode_event
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.inbound import Batch, Inbound
@@ -48,6 +56,7 @@ from cronstream.shared.records import (
     Command,
     ExecutionEvent,
     ExecutionStatus,
+    Pool,
     now_utc,
     render_event,
 )
@@ -75,6 +84,17 @@ AHEAD_BATCH_GAP_SECONDS = 0.1
 # A batch's cost is mostly its transaction's, not its size: under a backlog the batches
 # grow (2,000 records held only ~500 JobDues) and follow each other without the gap.
 BATCH = 10_000
+# How often the dispatcher reads what changed on `pools` (a new size admits at once).
+POOLS_EVERY_SECONDS = 0.5
+# How often the rate logs that left their windows are forgotten (and tombstoned).
+SWEEP_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class _Headers:
+    """The headers of a record that has no hop of its own (an admission decided later)."""
+
+    headers: Any
 
 
 @dataclass
@@ -102,6 +122,10 @@ class DispatcherService:
         self.inbound = Inbound(SERVICE, self.topics)
         self.seen = SeenDues()
         self.policy = PolicyState()
+        self.flow = Flow(self.topics.partitions)
+        self._pools_reader: Any = None
+        self._pools_read = 0.0
+        self._swept = 0.0
         self._queues: set[str] = set()
         self._owned: set[int] = set()
         self._rebalanced = False
@@ -133,7 +157,9 @@ class DispatcherService:
             await producer.init()
             self._queues = await self._known_queues(stopping)
             self.health.set("kafka", True)
-            await consumer.subscribe([self.topics.job_due, self.topics.execution_events],
+            await self._follow_pools()
+            await consumer.subscribe([self.topics.job_due, self.topics.execution_events,
+                                      self.topics.admissions],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
             log(logger, "dispatcher_started", instance=self.instance)
@@ -143,9 +169,12 @@ class DispatcherService:
                 if gap > 0:
                     await asyncio.sleep(gap)
                 messages = await consumer.consume(BATCH, 0.1)
+                changed = await self._read_pools()
                 if messages:
                     last_batch = time.monotonic() if len(messages) < BATCH else 0.0
                     await self._process(messages)
+                elif changed or self._wakes(time.time()):
+                    await self._process([])  # only admissions: a pool grew, a rate window moved
         except ProducerFenced as exc:
             log(logger, "dispatcher_fenced", logging.ERROR, instance=self.instance, error=str(exc),
                 hint="another dispatcher runs with the same --instance-id")
@@ -153,6 +182,51 @@ class DispatcherService:
         finally:
             await consumer.close()
             await producer.close()
+            if self._pools_reader is not None:
+                await self._pools_reader.close()
+
+    # -- pools: every instance follows `pools` ------------------------------------------
+
+    async def _follow_pools(self) -> None:
+        """Read `pools` to its end, then keep the reader to pick up what changes."""
+        self._pools_reader = self.kafka.consumer(
+            reader_config(self.settings, f"dispatcher-{self.instance}-pools"), "pools")
+        await read_to_end(self._pools_reader, [TopicPartition(self.topics.pools, 0)],
+                          self._load_pools)
+        self._pools_read = time.monotonic()
+
+    async def _read_pools(self) -> bool:
+        """What changed on `pools` since the last read (at most every POOLS_EVERY_SECONDS)."""
+        if self._pools_reader is None or time.monotonic() - self._pools_read < POOLS_EVERY_SECONDS:
+            return False
+        self._pools_read = time.monotonic()
+        messages = self.inbound.batch(await self._pools_reader.consume(100, 0)).records
+        self._load_pools(messages)
+        return bool(messages)
+
+    def _load_pools(self, messages: list[Message]) -> None:
+        for m in messages:
+            name = (m.key() or b"").decode("utf-8", "replace")
+            value = m.value()
+            if value is None:
+                self.flow.pools.pop(name, None)
+                continue
+            try:
+                self.flow.pools[name] = Pool.model_validate_json(value).slots
+            except ValueError:
+                continue  # not a pool (the CLI and SDK refuse it; another producer wrote it)
+
+    def _flow_metrics(self) -> None:
+        in_use = self.flow.in_use()
+        for pool in set(in_use) | set(self.flow.pools):
+            metrics.POOL_SLOTS_IN_USE.labels(pool=pool).set(in_use.get(pool, 0))
+        for kind, n in self.flow.waiting_by_kind(time.time()).items():
+            metrics.WAITING.labels(reason=kind).set(n)
+
+    def _wakes(self, now: float) -> bool:
+        """Whether a rate limit lets a waiting execution start by now."""
+        at = self.flow.next_wakeup()
+        return at is not None and at <= now
 
     async def _known_queues(self, stopping: asyncio.Event) -> set[str]:
         """The queues that have work topics already (waiting out a broker that is away)."""
@@ -181,10 +255,14 @@ class DispatcherService:
         work = _Work()
         now_ms = time.time_ns() // 1_000_000
         for msg in batch.records:
-            if msg.topic() != self.topics.job_due:
-                self._observe(msg)
-            else:
+            topic = msg.topic()
+            if topic == self.topics.job_due:
                 self._take(msg, batch, work, now_ms)
+            elif topic == self.topics.admissions:
+                self._request(msg, work)
+            else:
+                self._observe(msg, work)
+        self._admit(work)
         records, hops, added, new_queues = work.records, work.hops, work.added, work.new_queues
         lead = work.least_lead_ms
         self._gap = (AHEAD_BATCH_GAP_SECONDS if lead is not None and lead >= AHEAD_BATCH_GAP_SECONDS * 1000
@@ -202,6 +280,9 @@ class DispatcherService:
         records.extend(OutRecord(self.topics.dispatcher_state, key.encode(), None, state_headers,
                                  partition=p)
                        for key, p in self.seen.expired)
+        records.extend(OutRecord(self.topics.dispatcher_state, key.encode(), value, state_headers,
+                                 partition=p)
+                       for key, p, value in self.flow.drain_dirty())
         self.seen.expired = []
         try:
             if self._rebalanced:
@@ -221,6 +302,8 @@ class DispatcherService:
         for hop in hops:
             hop.end()
         metrics.DISPATCH_BATCH.observe(time.monotonic() - started)
+        if self.flow.cores:
+            self._flow_metrics()
         for decision, count in self._decided.items():
             metrics.DISPATCH_DECISIONS.labels(decision=decision).inc(count)
         self._decided.clear()
@@ -288,11 +371,109 @@ class DispatcherService:
                                 job=as_model(due).job, triggered_by=due.triggered_by,
                                 error_message=self.policy.skip_reason(due))]
         records = self._replace(due, msg, hop) if decision == "REPLACE" else []
-        records.extend(self._queue(due, msg, hop))
+        if limited(due.job) and due.reason != "REQUEUE":
+            # A requeue is the same execution, still holding what it was admitted with.
+            records.extend(self._ask(due, msg, hop))
+        else:
+            records.extend(self._queue(due, msg.value(), hop.headers))
         self.policy.queued(due, position(msg)[1])
         return records
 
-    def _event(self, due: DueRecord, hop: Hop, status: ExecutionStatus, **fields: Any) -> OutRecord:
+    # -- flow control -----------------------------------------------------------------
+
+    def _ask(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
+        """A limited execution asks its admission partition: decided here when that is
+        its own, else forwarded there (flow.py)."""
+        arrived_on = position(msg)[1]
+        home = self.flow.home_of(due, arrived_on)
+        ask = ask_of(due, msg.value() or b"")
+        if home != arrived_on:
+            assert due.job.pool is not None
+            self.flow.route(arrived_on, due.execution_id, due.job_id, due.job.pool)
+            request = AdmissionRequest(kind="ask", ask=ask)
+            return [OutRecord(self.topics.admissions, due.job.pool.encode(),
+                              request.model_dump_json().encode(), hop.headers, partition=home)]
+        self.flow.followed.add(due.job_id)
+        return self._decide(ask, home, due, hop.headers)
+
+    def _decide(self, ask: Ask, home: int, due: DueRecord, headers: Any) -> list[OutRecord]:
+        started, reason = self.flow.core(home).ask(ask, time.time())
+        if started:
+            self._decided["ADMITTED"] += 1
+            return self._queue(due, ask.due.encode(), headers)
+        self._decided["WAITING"] += 1
+        log(logger, "execution_waiting", job_id=due.job_id, execution_id=str(due.execution_id),
+            waiting_reason=reason)
+        return [self._event(due, _Headers(headers), "WAITING", priority=due.job.priority,
+                            queue=due.job.queue, reason=due.reason,
+                            idempotency_key=due.idempotency_key, job=as_model(due).job,
+                            triggered_by=due.triggered_by, waiting_reason=reason)]
+
+    def _request(self, msg: Message, work: _Work) -> None:
+        """A request on `admissions`, at the partition that decides its pool."""
+        try:
+            request = AdmissionRequest.model_validate_json(msg.value() or b"")
+        except ValueError as exc:
+            log(logger, "admission_request_skipped", logging.WARNING, error=str(exc)[:300])
+            return
+        home = position(msg)[1]
+        if request.kind == "end" and request.execution_id is not None:
+            self.flow.core(home).end(request.execution_id)
+            return
+        if request.ask is None:
+            return
+        ask = request.ask
+        self.flow.followed.add(ask.job_id)
+        try:
+            due = decode_due(ask.due.encode(), ask.job_id.encode())
+        except DecodeError as exc:
+            log(logger, "admission_request_skipped", logging.WARNING, error=str(exc)[:300])
+            return
+        work.records.extend(self._decide(ask, home, due, msg.headers()))
+        if due.job.queue not in self._queues:
+            work.new_queues.add(due.job.queue)
+
+    def _admit(self, work: _Work) -> None:
+        """What may start now on each owned partition, queued with this batch (and, now and
+        then, the rate logs that left their windows forgotten)."""
+        now = time.time()
+        sweep = now - self._swept >= SWEEP_SECONDS
+        if sweep:
+            self._swept = now
+        for partition, core in list(self.flow.cores.items()):
+            if sweep:
+                core.sweep(now)
+            admitted = core.admit(now)
+            if admitted:
+                # What waited and starts now (a waiting run's own line says why it waited).
+                log(logger, "waiting_admitted", partition=partition, count=len(admitted),
+                    first_execution_id=str(admitted[0].execution_id), first_job_id=admitted[0].job_id)
+            for ask in admitted:
+                try:
+                    due = decode_due(ask.due.encode(), ask.job_id.encode())
+                except DecodeError:
+                    core.release(ask.execution_id)
+                    continue
+                self._decided["ADMITTED"] += 1
+                work.records.extend(self._queue(due, ask.due.encode(), new_headers()))
+                if due.job.queue not in self._queues:
+                    work.new_queues.add(due.job.queue)
+
+    def _ended(self, event: EventRecord, partition: int, work: _Work) -> None:
+        """A terminal event of a followed job: what the execution held or waited for is
+        settled, here or at its pool's partition."""
+        if self.flow.core(partition).end(event.execution_id):
+            return
+        pool = self.flow.unroute(partition, event.execution_id)
+        if pool is not None:
+            request = AdmissionRequest(kind="end", execution_id=event.execution_id,
+                                       job_id=event.job_id)
+            work.records.append(OutRecord(
+                self.topics.admissions, pool.encode(), request.model_dump_json().encode(),
+                new_headers(), partition=self.flow.home_of_pool(pool)))
+
+    def _event(self, due: DueRecord, hop: Hop | _Headers, status: ExecutionStatus,
+               **fields: Any) -> OutRecord:
         """An event of `due`'s execution (ExecutionEvent.for_due); a terminal one completes it now."""
         now = now_utc()
         if status in TERMINAL:
@@ -300,7 +481,7 @@ class DispatcherService:
         event = ExecutionEvent.for_due(due, status, occurred_at=now, **fields)
         return OutRecord(self.topics.execution_events, due.job_id.encode(), event.to_json(), hop.headers)
 
-    def _queue(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
+    def _queue(self, due: DueRecord, value: bytes | None, headers: Any) -> list[OutRecord]:
         key = due.job_id.encode()
         job = due.job
         queued = render_event(due, "QUEUED", fast_uuid7(), now_utc(), priority=job.priority,
@@ -308,9 +489,9 @@ class DispatcherService:
                               idempotency_key=due.idempotency_key, job=job,
                               approved_by=due.approved_by, triggered_by=due.triggered_by)
         return [
-            OutRecord(self.topics.execution_events, key, queued, hop.headers),
+            OutRecord(self.topics.execution_events, key, queued, headers),
             # The work record is the JobDue itself, byte for byte.
-            OutRecord(self.topics.work(due.job.priority, due.job.queue), key, msg.value(), hop.headers),
+            OutRecord(self.topics.work(due.job.priority, due.job.queue), key, value, headers),
         ]
 
     def _replace(self, due: DueRecord, msg: Message, hop: Hop) -> list[OutRecord]:
@@ -333,18 +514,22 @@ class DispatcherService:
                 execution_id=str(other.execution_id), by=str(due.execution_id))
         return records
 
-    def _observe(self, msg: Message) -> None:
+    def _observe(self, msg: Message, work: _Work) -> None:
         """An execution event: follow tracked jobs (bad events are the monitor's to
-        dead-letter). Events of untracked jobs — ALLOW jobs without max_concurrent_runs —
-        are not even decoded."""
+        dead-letter). Events of untracked jobs — ALLOW jobs without max_concurrent_runs
+        or flow control — are not even decoded."""
         key = msg.key()
-        if key is None or key.decode("utf-8", "replace") not in self.policy.jobs:
+        job_id = None if key is None else key.decode("utf-8", "replace")
+        if job_id is None or (job_id not in self.policy.jobs and job_id not in self.flow.followed):
             return
         try:
-            event = decode(ExecutionEvent, msg.value(), key=msg.key(), key_field="job_id")
+            event = decode_event(msg.value(), msg.key())  # the common events: msgspec (0018)
         except DecodeError:
             return
-        self.policy.observe(event, position(msg)[1])
+        partition = position(msg)[1]
+        self.policy.observe(event, partition)
+        if event.status in TERMINAL and job_id in self.flow.followed:
+            self._ended(event, partition, work)
 
     # -- assignment: the state of the assigned partitions ---------------------------------
 
@@ -362,9 +547,11 @@ class DispatcherService:
         """Rebuild the policy state and the remembered dues of the owned partitions."""
         self.policy = PolicyState()
         self.seen = SeenDues()
+        self.flow = Flow(self.topics.partitions, pools=self.flow.pools)
         if not partitions:
             return
         now_ms = time.time_ns() // 1_000_000
+        flow_records: dict[int, list[tuple[str, bytes | None]]] = {p: [] for p in partitions}
 
         def load(messages: list[Message]) -> None:
             for m in messages:
@@ -375,6 +562,9 @@ class DispatcherService:
                 if key.startswith(KEY_PREFIX):
                     self.seen.load(key, m.value(), partition, now_ms)
                     continue
+                if key.startswith(FLOW_PREFIX):
+                    flow_records.setdefault(partition, []).append((key, m.value()))
+                    continue
                 try:
                     self.policy.load(partition, m.value(), key)
                 except ValueError as exc:  # a record we cannot read is forgotten, not fatal
@@ -383,6 +573,12 @@ class DispatcherService:
 
         await self.read_state([TopicPartition(self.topics.dispatcher_state, p)
                                for p in sorted(partitions)], load)
+        for partition, records in flow_records.items():
+            try:
+                self.flow.load(partition, records)
+            except ValueError as exc:  # as above: unreadable state is forgotten, not fatal
+                log(logger, "state_record_skipped", logging.WARNING, partition=partition,
+                    error=str(exc)[:300])
 
     async def read_state(self, partitions: list[TopicPartition],
                          load: Callable[[list[Message]], None]) -> None:
@@ -400,6 +596,7 @@ class DispatcherService:
         self._owned = set()
         self.policy = PolicyState()
         self.seen = SeenDues()
+        self.flow = Flow(self.topics.partitions, pools=self.flow.pools)
         self.health.set("assignment", False, "rebalancing")
         consumer.unassign()
         log(logger, "partitions_revoked", count=len(partitions))

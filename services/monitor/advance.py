@@ -102,6 +102,10 @@ class Decisions:
         row = await conn.fetchrow(query("awaiting_execution"), command.execution_id)
         if row is not None:
             return await self._decide(conn, command, row)
+        if command.command == "CANCEL":
+            waiting = await conn.fetchrow(query("waiting_execution"), command.execution_id)
+            if waiting is not None:
+                return await self._cancel_waiting(conn, command, waiting)
         if command.command == "CANCEL" and command.job_id is not None:
             return await self._cancel_pending_retry(conn, command, command.job_id)
         if command.command != "CANCEL":
@@ -136,6 +140,26 @@ class Decisions:
         return [self.outbound.event(ExecutionEvent.for_due(
             due, "CANCELLED", occurred_at=now, completed_at=now, cancelled_by=command.issued_by,
             error_message=f"cancelled{who} while awaiting approval: "
+                          f"{command.reason or 'no reason given'}"), hop.headers)]
+
+    async def _cancel_waiting(self, conn: Any, command: Command, row: Any) -> list[OutRecord]:
+        """CANCEL of a WAITING execution: it ends CANCELLED at once, holding nothing; the
+        dispatcher takes it out of its line when it reads the event. (Admitted meanwhile,
+        its worker skips it on the same command, and its end frees the slot.)"""
+        claimed = await conn.fetchval(query("claim_decision"), command.execution_id,
+                                      command.command, command.issued_by)
+        if claimed is None:
+            return []
+        log(logger, "execution_cancelled", job_id=row["job_id"],
+            execution_id=str(row["execution_id"]), issued_by=command.issued_by, waiting=True)
+        due = self.outbound.due_of(row)
+        hop = self.outbound.continued("cronstream.cancel", row, due)
+        hop.end()
+        who = f" by {command.issued_by}" if command.issued_by else ""
+        now = now_utc()
+        return [self.outbound.event(ExecutionEvent.for_due(
+            due, "CANCELLED", occurred_at=now, completed_at=now, cancelled_by=command.issued_by,
+            error_message=f"cancelled{who} while waiting ({row['waiting_reason']}): "
                           f"{command.reason or 'no reason given'}"), hop.headers)]
 
     async def _cancel_pending_retry(self, conn: Any, command: Command, job_id: str) -> list[OutRecord]:

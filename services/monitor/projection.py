@@ -58,6 +58,7 @@ class ExecutionPatch:
     traceparent: str | None = None
     triggered_by: str | None = None
     definition_offset: int | None = None  # of the definition its snapshot was taken from
+    waiting_reason: str | None = None  # the last WAITING event's: why it was held back
 
     @classmethod
     def start(cls, event: EventRecord) -> ExecutionPatch:
@@ -81,11 +82,12 @@ class ExecutionPatch:
         self.last_event = event.status
         self.updated_at = event.occurred_at
         status = event.status
-        if status == "QUEUED":
-            self.status = "QUEUED"
-            self.queued_at = event.occurred_at
-            self.priority = event.priority or self.priority
-            self.queue = event.queue or self.queue
+        if status == "WAITING":
+            self.status, self.waiting_reason = "WAITING", event.waiting_reason
+            self._routed(event)
+        elif status == "QUEUED":
+            self.status, self.queued_at = "QUEUED", event.occurred_at
+            self._routed(event)
         elif status == "REQUEUED":
             self.status = "QUEUED"
             self.started_at = self.worker_id = self.progress_message = None
@@ -109,6 +111,15 @@ class ExecutionPatch:
             # A worker's later events carry when the handler began, which may be after its
             # RUNNING (claimed ahead, started as a slot freed: decision 0029).
             self.started_at = event.started_at or self.started_at
+        self._details(event)
+
+    def _routed(self, event: EventRecord) -> None:
+        self.priority = event.priority or self.priority
+        self.queue = event.queue or self.queue
+
+    def _details(self, event: EventRecord) -> None:
+        """What any event may carry, whatever its status."""
+        status = event.status
         self.reason = event.reason or self.reason
         self.idempotency_key = event.idempotency_key or self.idempotency_key
         if event.job is not None:
@@ -152,7 +163,7 @@ _PATCH_COLUMNS = (
     "completed_at", "worker_id", "attempt_number", "delivery", "error_message", "result",
     "progress", "progress_message", "priority", "queue", "last_event", "updated_at", "reason",
     "idempotency_key", "job", "approved_by", "rejected_by", "cancelled_by", "trace_id",
-    "traceparent", "triggered_by", "definition_offset",
+    "traceparent", "triggered_by", "definition_offset", "waiting_reason",
 )
 
 

@@ -248,16 +248,17 @@ def _headers(msg: Message) -> str | None:
                        for k, v in headers])
 
 
-def _state(msg: Message) -> tuple[str, int | None, int | None, int | None, bool] | None:
+def _state(msg: Message) -> tuple[str, int | None, int | None, int | None, bool, int | None,
+                                  int | None] | None:
     job_id, value = _key(msg), msg.value()
     if value is None:
-        return job_id, None, None, None, True
+        return job_id, None, None, None, True, None, None
     try:
         data = json.loads(value)
         return (job_id, int(data["definition_offset"]), data.get("next_fire_ms"),
-                data.get("last_fire_ms"), False)
-    except (ValueError, KeyError, TypeError, RecursionError):
-        return job_id, None, None, None, True  # our own record, unreadable: recomputed
+                data.get("last_fire_ms"), False, data.get("calendar_offset"), data.get("runs"))
+    except (ValueError, KeyError, TypeError, RecursionError, AttributeError):
+        return job_id, None, None, None, True, None, None  # our own record, unreadable: recomputed
 
 
 async def _wait(event: asyncio.Event, stopping: asyncio.Event, timeout: float) -> None:

@@ -12,7 +12,9 @@ Takeover, in this order (docs/decisions/0002 and 0039):
    offset were processed by an earlier leader (the store takes their bytes); the rest are
    validated now, the bad ones dead-lettered, the good ones applied.
 4. Reconcile what the store cannot trust: jobs whose stored timing was not computed from
-   their definition are computed again, timings of deleted jobs are dropped.
+   their definition, or from their calendar's current version (the process's calendar
+   table, read to its end before any definition is applied: calendars.py), are computed
+   again; timings of deleted jobs are dropped.
 5. Commit the reconciled state, dead letters and the definitions offset (in transactions
    of a bounded size); then hold the near window in memory (the clock) and fire.
 
@@ -21,6 +23,8 @@ of every timer due now (and of the ALLOW jobs' fires due within `scheduler_fire_
 which the workers start at their time: docs/decisions/0027), the new state of each fired
 job, tombstones of fired retries, the effects of newly read definitions and the consumer
 offset of those definitions. The store learns each committed timing after the commit.
+A calendar that changed is applied first in the next round: every job of the shard that
+names it is planned again (held or not), and its new state committed with the round.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from uuid import UUID
 from confluent_kafka import Message, TopicPartition
 from opentelemetry.trace import Span, Status, StatusCode
 
+from cronstream.services.scheduler.calendars import CalendarTable
 from cronstream.services.scheduler.clock import Clock, FirePlan, JobClock, StateChange
 from cronstream.services.scheduler.follower import Follower
 from cronstream.services.scheduler.outbound import Applied, LeaderRecords
+from cronstream.services.scheduler.sources import TriggerEngine
 from cronstream.services.scheduler.store import ShardStore, StoredJob
 from cronstream.shared import telemetry
 from cronstream.shared.clients import REAL, KafkaClients
@@ -66,14 +72,21 @@ RECONCILE_PER_TRANSACTION = 20_000
 # milliseconds, a record in it microseconds: decision 0012); a lone fire is never held
 # back more than this.
 ROUND_GAP_SECONDS = 0.05
-# ...and this far apart while every fire is committed ahead of its time (ALLOW jobs inside
-# `scheduler_fire_ahead_ms`, decision 0027): nothing waits on the round then. A round
-# that fired something due already (a retry, a FORBID or REPLACE job, a late fire), or
-# with such a timer due before this gap is out, keeps the short gap.
+# ...and further apart while every fire is committed ahead of its time (ALLOW jobs inside
+# `scheduler_fire_ahead_ms`, decision 0027): nothing waits on the round then, so long as
+# each fire is still committed AHEAD_MARGIN_SECONDS before its time (the dispatcher's and
+# a worker's hops). The gap is the window less that margin, between these bounds: with
+# the default 300 ms window, 200 ms. A process leading many shards commits a transaction
+# per shard and round, and the broker's CPU follows transactions (16 shards in one process
+# took 52 transactions per 1,000 executions at 3,000/s with a 100 ms gap). A round that
+# fired something due already (a retry, a FORBID or REPLACE job, a late fire), or with
+# such a timer due before this gap is out, keeps the short gap.
 AHEAD_ROUND_GAP_SECONDS = 0.1
-# ...except when catching up (fires found this late after an outage or a takeover): each
-# round then fires one missed occurrence per job, and waiting between rounds would only
-# hold back the newest fires, which come last.
+AHEAD_ROUND_GAP_MAX_SECONDS = 0.25
+AHEAD_MARGIN_SECONDS = 0.1
+# ...except when catching up (fires found this late after an outage or a takeover): a
+# round fires every missed occurrence of each job it takes (FIRE_LIMIT at most), and
+# waiting between rounds would only hold back the rest of a larger backlog.
 CATCH_UP_LAG_MS = 1000
 # The near window: timers due within this are held in memory (the clock); the store has
 # the rest. It moves on when less than half of it is left.
@@ -90,15 +103,21 @@ def time_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def next_round_gap(plan: FirePlan, now_ms: int) -> float:
+def ahead_round_gap(fire_ahead_ms: int) -> float:
+    """The gap between rounds that only commit fires ahead of their time (above)."""
+    return min(AHEAD_ROUND_GAP_MAX_SECONDS,
+               max(AHEAD_ROUND_GAP_SECONDS, fire_ahead_ms / 1000 - AHEAD_MARGIN_SECONDS))
+
+
+def next_round_gap(plan: FirePlan, now_ms: int, ahead_gap: float = AHEAD_ROUND_GAP_SECONDS) -> float:
     """How long after a round that planned `plan` at `now_ms` the next may start: the long
-    gap while everything fired ahead of its time, else the short one — or until the
-    earliest timer that waits for its time is due, if that comes first."""
+    gap (`ahead_gap`) while everything fired ahead of its time, else the short one — or
+    until the earliest timer that waits for its time is due, if that comes first."""
     if any(fire.scheduled_ms <= now_ms for fire in plan.dues):
         return ROUND_GAP_SECONDS
     if plan.held_ms is None:
-        return AHEAD_ROUND_GAP_SECONDS
-    return min(AHEAD_ROUND_GAP_SECONDS, max(ROUND_GAP_SECONDS, (plan.held_ms - now_ms) / 1000))
+        return ahead_gap
+    return min(ahead_gap, max(ROUND_GAP_SECONDS, (plan.held_ms - now_ms) / 1000))
 
 
 def transactional_id(prefix: str, shard: int) -> str:
@@ -110,6 +129,7 @@ def transactional_id(prefix: str, shard: int) -> str:
 def _job(row: StoredJob) -> JobClock:
     job = JobClock(row.job_id, row.def_offset, row.raw, row.observed_ms)
     job.next_fire_ms, job.last_fire_ms = row.next_fire_ms, row.last_fire_ms
+    job.calendar_offset, job.runs = row.cal_offset, row.runs or 0
     return job
 
 
@@ -119,7 +139,7 @@ class ShardLeader:
 
     def __init__(self, settings: Settings, shard: int, *, election: ConsumerThread, store: ShardStore,
                  follower: Follower, instance: str, group_metadata: Callable[[], Any],
-                 kafka: KafkaClients = REAL) -> None:
+                 kafka: KafkaClients = REAL, calendars: CalendarTable | None = None) -> None:
         self.settings = settings
         self.topics = settings.topics
         self.shard = shard
@@ -130,8 +150,12 @@ class ShardLeader:
         self.kafka = kafka
         self._group_metadata = group_metadata
         self._reading = False  # whether the definitions consumer has the shard's partition
-        self.clock = Clock(shape_of=store.shape, dependents=store.dependents)
+        # Every calendar, shared by the process's leaders; none given: no calendar known.
+        self.calendars = calendars if calendars is not None else CalendarTable(ready=True)
+        self.clock = Clock(shape_of=store.shape, dependents=store.dependents, calendars=self.calendars)
         self.clock.horizon_ms = time_ms() + WINDOW_MS
+        self._pending_calendars: set[str] = set()
+        self.calendars.listen(self.calendar_changed)
         self.failed: BaseException | None = None
         self.fenced = False
         self.ready = asyncio.Event()
@@ -145,15 +169,21 @@ class ShardLeader:
         self._pending_fixes: list[OutRecord] = []
         self._caught_up = asyncio.Event()
         self._fed = asyncio.Event()
+        self._draining = False  # the service stopped reading: process what has come
         self._wake = asyncio.Event()
         self._round_gap = ROUND_GAP_SECONDS
+        self._ahead_gap = ahead_round_gap(settings.scheduler_fire_ahead_ms)
         self._txn_lock = asyncio.Lock()
         self._producer: TransactionalProducer | None = None
-        self.out = LeaderRecords(self.topics, self.clock, shard, store.last_fire)
+        self.out = LeaderRecords(self.topics, self.clock, shard, store.fired)
         self.inbound = Inbound(SERVICE, self.topics)
         self._fire_spans: list[Span] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.took_over_seconds: float | None = None
+        # The shard's event triggers (sources.py): their runs commit in this term's transactions.
+        self.triggers = TriggerEngine(settings, shard, store, commit=self._commit_triggered,
+                                      on_failed=self._trigger_failed, lock=self._txn_lock,
+                                      instance=instance, kafka=kafka)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -168,14 +198,17 @@ class ShardLeader:
             with contextlib.suppress(Exception):
                 await self._round(time_ms(), ahead_ms=HAND_OVER_AHEAD_MS)
         self._active = False
+        self.calendars.unlisten(self.calendar_changed)
         self._wake.set()
         self._caught_up.set()
         async with self._txn_lock:
             for task in self._tasks:
                 task.cancel()
+            await self.triggers.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.triggers.join()
         if self._producer is not None:
             producer, self._producer = self._producer, None
             await producer.close()
@@ -192,6 +225,17 @@ class ShardLeader:
     @property
     def jobs(self) -> int:
         return len(self.clock.jobs)
+
+    @property
+    def backlog(self) -> int:
+        """Definitions read and not processed yet (a first leader of a shard)."""
+        return len(self._unprocessed)
+
+    def drain(self) -> None:
+        """The service reads no more definitions until the backlogs shrink: process what
+        has come without waiting for a full round."""
+        self._draining = True
+        self._fed.set()
 
     # -- definitions, fed by the service's election loop ------------------------------
 
@@ -223,6 +267,17 @@ class ShardLeader:
             self._unprocessed.append(msg)
         else:
             self._processed.append((job_id, offset, record_time_ms(msg), msg.value()))
+
+    def calendar_changed(self, calendar_id: str) -> None:
+        """A calendar changed (the process's calendar table): its jobs of this shard are
+        planned again in the next round, before anything fires."""
+        self._pending_calendars.add(calendar_id)
+        self._wake.set()
+
+    def waiting(self) -> int:
+        """Jobs of the shard that name a calendar not known: they wait for it."""
+        known = self.calendars.ids()
+        return sum(n for calendar_id, n in self.store.naming_counts().items() if calendar_id not in known)
 
     def on_retries(self, messages: list[Message]) -> None:
         """Records of the shard's `retries`, read by the follower (its lane: the loop's)."""
@@ -260,7 +315,15 @@ class ShardLeader:
         await self.follower.caught_up(self.shard)
         steps["tail"] = time.monotonic()
         self.follower.follow(self.shard, self.store, "leading", on_retries=self.on_retries)
+        await self.triggers.load()
 
+        # Every calendar, before any definition is applied or any timing trusted.
+        while not self.calendars.ready.is_set() and self._active:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.calendars.ready.wait(), 0.5)
+        # What changed before is in the table the rest of the takeover computes with.
+        self._pending_calendars.clear()
+        steps["calendars"] = time.monotonic()
         tp = TopicPartition(self.topics.job_definitions, self.shard)
         committed = await settled(lambda: self.election.committed([tp]),
                                   "committed offset of job-definitions")
@@ -281,6 +344,7 @@ class ShardLeader:
             await self._commit(records, None)
         self._loading = False
         self.ready.set()
+        self.triggers.start()
         self.took_over_seconds = round(time.monotonic() - started, 3)
         self._tasks.append(asyncio.create_task(self._prepare_loop(), name=f"scheduler-prepare-{self.shard}"))
         marks = [started, *steps.values()]
@@ -296,13 +360,16 @@ class ShardLeader:
         tp = TopicPartition(self.topics.job_definitions, self.shard)
         while self._active:
             ended = self._caught_up.is_set()
-            if len(self._unprocessed) >= DEFINITIONS_PER_ROUND or (ended and self._unprocessed):
+            draining, self._draining = self._draining, False
+            if len(self._unprocessed) >= DEFINITIONS_PER_ROUND or ((ended or draining) and self._unprocessed):
                 defs = self._unprocessed[:DEFINITIONS_PER_ROUND]
                 del self._unprocessed[:DEFINITIONS_PER_ROUND]
                 applied: list[Applied] = []
                 records = self.out.definitions(self.inbound.batch(defs), applied)
+                records += self.triggers.definitions(applied)
                 await self._commit(records, [TopicPartition(tp.topic, self.shard, position(defs[-1])[2] + 1)])
                 self._store_applied(applied, [])
+                self.triggers.applied()
                 self.clock.evict()
                 continue
             if ended:
@@ -319,8 +386,8 @@ class ShardLeader:
         changes = [a.change for a in applied] + timings
         self.store.write(
             definitions=[(a.job_id, a.offset, a.observed_ms, a.raw) for a in applied],
-            states=[(c.job_id, c.offset, c.next_fire_ms, c.last_fire_ms, c.value is None)
-                    for c in changes],
+            states=[(c.job_id, c.offset, c.next_fire_ms, c.last_fire_ms, c.value is None,
+                     c.calendar_offset, c.runs) for c in changes],
             positions=[(self.topics.job_definitions, applied[-1].offset + 1)] if applied else ())
 
     async def _reconcile(self) -> None:
@@ -335,6 +402,21 @@ class ShardLeader:
             changes = [StateChange(row.job_id, None) if row.raw is None else self.clock.recompute(_job(row))
                        for row in rows]
             await self._commit_states(changes)
+            self.clock.evict()
+        # Jobs whose timing was computed with another version of their calendar (or
+        # without it): computed again with the current one.
+        after = ""
+        while self._active:
+            rows = self.store.calendar_jobs(after, RECONCILE_PER_TRANSACTION)
+            if not rows:
+                break
+            after = rows[-1].job_id
+            stale = []
+            for row in rows:
+                job = _job(row)
+                if not self.clock.trusted(job, row.next_fire_ms):
+                    stale.append(self.clock.recompute(job))
+            await self._commit_states(stale)
             self.clock.evict()
 
     async def _commit_states(self, changes: list[StateChange]) -> None:
@@ -449,14 +531,15 @@ class ShardLeader:
             if self._pending_retries:
                 self._apply_retries()
             due = self.clock.next_due_ms()
-            if (not self._pending_defs and not self._pending_fixes
+            if (not self._pending_defs and not self._pending_fixes and not self._pending_calendars
                     and (due is None or due > now + ahead)):
                 timeout = 1.0 if due is None else min(1.0, (due - ahead - now) / 1000)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            wait = ROUND_GAP_SECONDS if self._pending_defs or self._pending_fixes else self._round_gap
+            wait = (ROUND_GAP_SECONDS if self._pending_defs or self._pending_fixes or self._pending_calendars
+                    else self._round_gap)
             gap = wait - (time.monotonic() - last_round)
             catching_up = due is not None and now - due > CATCH_UP_LAG_MS
             if gap > 0 and not catching_up:
@@ -470,10 +553,13 @@ class ShardLeader:
             if not self._active:
                 return
             self.out.new_round()
+            replanned = self._replan_calendars()
             defs = self._pending_defs[:DEFINITIONS_PER_ROUND]
             del self._pending_defs[:DEFINITIONS_PER_ROUND]
             applied: list[Applied] = []
-            records = self.out.definitions(self.inbound.batch(defs), applied)
+            records = [self.out.state(c) for c in replanned]
+            records += self.out.definitions(self.inbound.batch(defs), applied)
+            records += self.triggers.definitions(applied)
             records += self._pending_fixes
             self._pending_fixes = []
             offsets = None
@@ -499,12 +585,44 @@ class ShardLeader:
             for key in plan.fired_retries:
                 self.out.retry_headers.pop(str(key), None)
             self.clock.commit(plan)
-            self._store_applied(applied, plan.states)
+            self._store_applied(applied, replanned + plan.states)
+            self.triggers.applied()
             if plan.fired_retries:
                 self.store.write(retries=[(str(k), None, None, None) for k in plan.fired_retries])
             self.clock.evict()
             self.out.count_round(plan, now_ms, planned_ms)
-            self._round_gap = next_round_gap(plan, now_ms)
+            self._round_gap = next_round_gap(plan, now_ms, self._ahead_gap)
+
+    def _replan_calendars(self) -> list[StateChange]:
+        """The jobs of the shard naming a calendar that changed, planned again (in memory
+        now; their states commit with the round)."""
+        if not self._pending_calendars:
+            return []
+        changed, self._pending_calendars = sorted(self._pending_calendars), set()
+        changes: list[StateChange] = []
+        for calendar_id in changed:
+            jobs = [_job(row) for row in self.store.naming(calendar_id)]
+            found = self.clock.replan_calendar(calendar_id, jobs)
+            changes += found
+            if found:
+                offset = self.calendars.offset(calendar_id)
+                log(logger, "calendar_replanned", shard=self.shard, calendar_id=calendar_id,
+                    jobs=len(found), offset="deleted" if offset is None else offset)
+        return changes
+
+    async def _commit_triggered(self, records: list[OutRecord]) -> bool:
+        """An event trigger's run (or positions), in a transaction of this term; False
+        when the term is over."""
+        async with self._txn_lock:
+            if not self.active:
+                return False
+            await self._commit(records, None)
+            return True
+
+    def _trigger_failed(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.fenced = isinstance(exc, ProducerFenced)
+            self.failed = exc
 
     async def _commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None) -> None:
         if not records and not offsets:

@@ -46,12 +46,13 @@ class Applied(NamedTuple):
 
 class LeaderRecords:
     def __init__(self, topics: Topics, clock: Clock, shard: int = 0,
-                 last_fire_of: Callable[[str], int | None] | None = None) -> None:
+                 fired_of: Callable[[str], tuple[int | None, int]] | None = None) -> None:
         self.topics = topics
         self.clock = clock
         self.shard = shard
-        # A job's last fire when the clock does not hold it (the shard's store knows).
-        self.last_fire_of = last_fire_of or (lambda job_id: None)
+        # A job's last fire and count of fires when the clock does not hold it (the
+        # shard's store knows).
+        self.fired_of = fired_of or (lambda job_id: (None, 0))
         # Trace headers of each pending retry (the failed attempt's run span: a link).
         self.retry_headers: dict[str, Headers] = {}
         # State records that no fire caused share one trace per round (a million of them
@@ -125,8 +126,9 @@ class LeaderRecords:
                 definition = None
                 batch.reject(msg, f"invalid DAG: {problem}")
         offset, observed = position(msg)[2], record_time_ms(msg)
+        last_fire_ms, runs = self.fired_of(job_id)
         change = self.clock.apply_definition(job_id, definition, value, offset, observed,
-                                             last_fire_ms=self.last_fire_of(job_id))
+                                             last_fire_ms=last_fire_ms, runs=runs)
         if applied is not None:
             applied.append(Applied(job_id, offset, observed, value, change))
         records = [self.state(change)]

@@ -15,6 +15,11 @@ and standing by for others (docs/decisions/0039-the-clock-in-shards.md).
    shard's own transactional.id, reads the tail, and fires. Its definitions come through
    the process's definitions reader, which this loop routes by partition.
 
+5. Calendars: one reader per process reads the whole `calendars` topic (calendars are not
+   sharded) into a table its leaders share, to its end before any of them fires, and
+   follows it; a change re-plans the jobs naming it in every shard the process leads
+   (calendars.py).
+
 Correctness never rests on the roles being agreed at every instant: two processes that
 both believe they lead a shard cannot both commit — the later one's init_transactions()
 fences the other, which steps down (and waits a session before trying again).
@@ -28,9 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import fcntl
 import logging
+import os
 import time
 from collections.abc import Awaitable
 from functools import partial
@@ -39,6 +46,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
+from cronstream.services.scheduler.calendars import CalendarReader, CalendarTable
 from cronstream.services.scheduler.follower import Follower
 from cronstream.services.scheduler.leader import ShardLeader
 from cronstream.services.scheduler.store import ShardStore
@@ -57,6 +65,7 @@ from cronstream.shared.kafka.errors import (
 )
 from cronstream.shared.kafka.reading import position
 from cronstream.shared.logs import log
+from cronstream.shared.producers import TransactionOutcomeUnknown
 from cronstream.shared.settings import Settings
 from cronstream.shared.shards import roles
 
@@ -67,6 +76,18 @@ MEMBERSHIP_SECONDS = 2.0
 METRICS_SECONDS = 5.0
 # A process joining warms the shards it will lead for at most this long before it joins.
 WARM_UP_PATIENCE = 600.0
+# Definitions read and not processed yet by this process's first leaders of shards, at
+# most (then it reads no more until they shrink): a cold start of millions of jobs would
+# otherwise hold every record read ahead of its leader, and the process keeps the memory
+# it peaked at (the heaps fragment).
+DEFINITIONS_BACKLOG = 20_000
+# glibc keeps the memory a process freed in its heaps, and a takeover or a standby's
+# catch-up frees a lot (batches of records read, parsed and committed): a process kept the
+# ~40 % of its RSS it peaked at for ever. Handed back to the system (malloc_trim, from a
+# thread) at once when the roles settle, and after a warm-up, a catch-up or a burst: RSS
+# looked at this often, trimmed when it grew by TRIM_GROWTH since the last trim.
+TRIM_SECONDS = 30.0
+TRIM_GROWTH = 32 * 2**20  # ...when RSS grew by this since the last trim
 
 
 class SchedulerService:
@@ -88,6 +109,7 @@ class SchedulerService:
         self.leaders: dict[int, ShardLeader] = {}
         self.standby: set[int] = set()
         self.stores: dict[int, ShardStore] = {}
+        self.calendars = CalendarTable()
         self._retry_after: dict[int, float] = {}
         self._membership_changed = asyncio.Event()
         self._members: list[str] = []
@@ -97,6 +119,7 @@ class SchedulerService:
         self._membership: ConsumerThread | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._ready_roles: tuple[frozenset[int], frozenset[int]] | None = None
+        self._trim_now = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -106,6 +129,8 @@ class SchedulerService:
         self._lock()
         follower = self._follower = Follower(self.topics, self.kafka.consumer(
             reader_config(self.settings, f"{self.member}-follower"), "follower"))
+        calendars = CalendarReader(self.topics, self.kafka.consumer(
+            reader_config(self.settings, f"{self.member}-calendars"), "calendars"), self.calendars)
         # The definitions of the shards this process leads: assigned by hand, in the
         # scheduler group (for its committed offsets), never subscribed.
         definitions = self._definitions = self.kafka.consumer(consumer_config(
@@ -114,7 +139,9 @@ class SchedulerService:
         self.shards = await self._shard_count(definitions)
         # Everything that writes the shard of a job counts as many shards as the topics hold.
         self.topics = dataclasses.replace(self.topics, shards=self.shards)
-        tasks = [asyncio.create_task(follower.run(stopping), name="scheduler-follower")]
+        tasks = [asyncio.create_task(follower.run(stopping), name="scheduler-follower"),
+                 asyncio.create_task(self._read_calendars(calendars, stopping), name="scheduler-calendars"),
+                 asyncio.create_task(self._trim(stopping), name="scheduler-trim")]
         try:
             await self._warm_up(stopping)
             membership = self._membership = self.kafka.consumer(self._membership_config(), "membership")
@@ -126,7 +153,7 @@ class SchedulerService:
                 standbys=self.settings.scheduler_standbys)
             while not stopping.is_set():
                 await self._follow_roles()
-                batch = self.inbound.batch(await definitions.consume(5000, 0.05))
+                batch = self.inbound.batch(await self._read_definitions(definitions))
                 self._route(batch)
                 await self._follow_leadership()
         finally:
@@ -140,9 +167,21 @@ class SchedulerService:
                 await self._membership.close()  # leaves the group: the standbys take over
             await definitions.close()
             await follower.reader.close()
+            await calendars.reader.close()
             for store in self.stores.values():
                 store.close()
             self._lock_file.close()  # releases the data directory
+
+    async def _read_calendars(self, reader: CalendarReader, stopping: asyncio.Event) -> None:
+        """The calendar reader; should it fail, the process stops (its leaders would wait
+        for calendars for ever, or fire with a stale one)."""
+        try:
+            await reader.run(stopping)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("calendar reader failed", extra={"action": "calendars_failed"})
+            stopping.set()
 
     async def _hand_over(self) -> None:
         """Stop every leader after a last round that fires its ALLOW jobs of the next
@@ -272,10 +311,16 @@ class SchedulerService:
         for shard in sorted(leads - set(self.leaders)):
             if time.monotonic() >= self._retry_after.get(shard, 0.0):
                 await self._start_leader(shard)
-        for shard in sorted(standby - self.standby - set(self.leaders)):
-            self._follower.follow(shard, self._store(shard), "standby")
         for shard in sorted(self.standby - standby - set(self.leaders)):
             self._follower.forget(shard)
+        self.standby &= standby - set(self.leaders)
+        if any(not leader.ready.is_set() for leader in self.leaders.values()):
+            # Takeovers first: a new standby shard is read whole, and on the one reader it
+            # would hold back the tail each takeover waits for (a SIGKILL at 1M jobs: 7 to
+            # 17 s of tail for three of twelve shards, behind the new standbys' reads).
+            return
+        for shard in sorted(standby - self.standby - set(self.leaders)):
+            self._follower.follow(shard, self._store(shard), "standby")
         self.standby = standby - set(self.leaders)
 
     async def _start_leader(self, shard: int) -> None:
@@ -284,7 +329,7 @@ class SchedulerService:
         self._follower.follow(shard, store, "taking_over")
         leader = ShardLeader(self.settings, shard, election=self._definitions, store=store,
                              follower=self._follower, instance=self.instance, kafka=self.kafka,
-                             group_metadata=self._group_metadata)
+                             group_metadata=self._group_metadata, calendars=self.calendars)
         self.leaders[shard] = leader
         log(logger, "leader_elected", instance=self.instance, shard=shard)
         leader.start()
@@ -304,13 +349,20 @@ class SchedulerService:
 
     async def _follow_leadership(self) -> None:
         """A term that failed ends; a fenced leader waits a session before trying again (by
-        then the members say whether it still leads), a failed one a second."""
+        then the members say whether it still leads), a failed one a second — unless it
+        failed on a transaction whose outcome its replaced producer has settled (a broker
+        restart): then it takes the shard again at once, reading back what committed."""
         for shard, leader in list(self.leaders.items()):
             if leader.active:
                 continue
             self.leaders.pop(shard)
             await leader.stop()
-            wait = self.settings.scheduler_session_timeout_ms / 1000 if leader.fenced else 1.0
+            if leader.fenced:
+                wait = self.settings.scheduler_session_timeout_ms / 1000
+            elif isinstance(leader.failed, TransactionOutcomeUnknown):
+                wait = 0.0
+            else:
+                wait = 1.0
             self._retry_after[shard] = time.monotonic() + wait
             log(logger, "leader_stepped_down", instance=self.instance, shard=shard,
                 reason="fenced" if leader.fenced else "failed")
@@ -319,9 +371,19 @@ class SchedulerService:
         roles = (frozenset(self.leaders), frozenset(self.standby))
         if ready and self.member in self._members and roles != self._ready_roles:
             self._ready_roles = roles
+            self._trim_now.set()
             self._publish_metrics()
             log(logger, "scheduler_ready", instance=self.instance, leads=len(self.leaders),
                 standby=len(self.standby), members=len(self._members))
+
+    async def _read_definitions(self, definitions: ConsumerThread) -> list[Message]:
+        """The next definitions, unless the leaders' backlogs are full: then they drain them."""
+        if sum(leader.backlog for leader in self.leaders.values()) < DEFINITIONS_BACKLOG:
+            return await definitions.consume(5000, 0.05)
+        for leader in self.leaders.values():
+            leader.drain()
+        await asyncio.sleep(0.05)
+        return []
 
     def _route(self, batch: Any) -> None:
         """The definitions batch, to the leader of each record's shard."""
@@ -333,6 +395,24 @@ class SchedulerService:
             if leader is not None:
                 leader.feed(batch, by_shard.get(shard, []),
                             (self.topics.job_definitions, shard) in batch.ended)
+
+    async def _trim(self, stopping: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        trimmed = 0  # RSS after the last trim
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._trim_now.wait(), TRIM_SECONDS)
+            before, started = rss_bytes(), time.monotonic()
+            if not self._trim_now.is_set() and before - trimmed < TRIM_GROWTH:
+                continue  # steady: nothing worth a trim (it locks each heap while it walks it)
+            self._trim_now.clear()
+            if not await loop.run_in_executor(None, release_free_memory):
+                return  # not glibc: nothing to do
+            trimmed = rss_bytes()
+            freed = before - trimmed
+            if freed > 16 * 2**20:
+                log(logger, "memory_released", instance=self.instance, freed_mb=freed // 2**20,
+                    rss_mb=trimmed // 2**20, ms=round(1000 * (time.monotonic() - started)))
 
     # -- visible ------------------------------------------------------------------------
 
@@ -356,6 +436,28 @@ class SchedulerService:
         metrics.SCHEDULER_JOBS.set(sum(leader.store.count() for leader in led))
         metrics.SCHEDULER_PENDING_RETRIES.set(sum(leader.store.retry_count() for leader in led))
         metrics.SCHEDULER_SUSPENDED.set(sum(len(leader.clock.suspended) for leader in led))
+        metrics.SCHEDULER_WAITING.set(sum(leader.waiting() for leader in led))
         metrics.SCHEDULER_HELD.set(sum(leader.jobs for leader in led))
         metrics.SCHEDULER_STANDBY_LAG.set(self._follower.lag())
+        metrics.TRIGGER_LAG.set(sum(leader.triggers.lag() for leader in led))
 
+
+
+def release_free_memory() -> bool:
+    """Hand the free pages of the C heaps back to the system (glibc's malloc_trim); False
+    where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -8,7 +8,8 @@ straight into them):
     parent → child  Invocation  [handler, execution_id, job_id, run_id, attempt_number,
                                  idempotency_key, scheduled_at, params,
                                  [[header, base64 value]...],
-                                 upstream (a DAG step's view of its run, else null)]
+                                 upstream (a DAG step's view of its run, else null),
+                                 events (an event trigger's records, else null)]
     child → parent  Progress    ["progress", 40.0, "message"]
                     LogLines    ["log", [[epoch seconds, stream, level, text]...]]
                     Done        ["done", "COMPLETED", result, error, traceback]

@@ -33,7 +33,13 @@ import msgspec
 from cronstream.handlers import Context, HandlerSpec, NonRetryableError, Upstream, UpstreamResult
 from cronstream.services.worker.capture import Capture, InvocationLog, Line, format_traceback
 from cronstream.shared import telemetry
-from cronstream.shared.fast_records import DueRecord, FastUpstream, upstream_of
+from cronstream.shared.fast_records import (
+    DueRecord,
+    FastTriggerEvent,
+    FastUpstream,
+    events_of,
+    upstream_of,
+)
 from cronstream.shared.records import MAX_RESULT_BYTES
 from cronstream.shared.statuses import RETRYABLE
 from cronstream.shared.telemetry import Headers
@@ -186,12 +192,13 @@ class Invocation(msgspec.Struct, array_like=True, frozen=True):
     params: dict[str, Any]
     trace: Sequence[tuple[str, bytes | None]]  # a header's value may be None (Kafka's)
     upstream: FastUpstream | None = None  # a DAG step's view of its run (decision 0035)
+    events: list[FastTriggerEvent] | None = None  # an event trigger's records (decision 0057)
 
     @classmethod
     def of(cls, due: DueRecord, trace: Headers | None = None) -> Invocation:
         return cls(due.job.handler, due.execution_id, due.job_id, due.run_id, due.attempt_number,
                    due.idempotency_key, due.scheduled_at, due.job.params, trace or [],
-                   upstream_of(due))
+                   upstream_of(due), events_of(due))
 
     def context(self, progress: ProgressFn, cancel: threading.Event,
                 traceparent: str | None) -> Context:
@@ -201,7 +208,8 @@ class Invocation(msgspec.Struct, array_like=True, frozen=True):
             execution_id=self.execution_id, job_id=self.job_id, run_id=self.run_id,
             attempt_number=self.attempt_number, idempotency_key=self.idempotency_key,
             scheduled_at=self.scheduled_at, params=dict(self.params), traceparent=traceparent,
-            _progress=progress, _cancel=cancel, _upstream=upstream_view(self.upstream))
+            _progress=progress, _cancel=cancel, _upstream=upstream_view(self.upstream),
+            _events=self.events)
 
 
 _NO_TRACE = contextlib.nullcontext()  # no trace headers: the current context stays

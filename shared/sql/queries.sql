@@ -20,7 +20,7 @@ CREATE TEMP TABLE IF NOT EXISTS staged_executions (
     progress_message text, priority text, queue text, last_event text, updated_at timestamptz,
     reason text, idempotency_key text, job jsonb, approved_by text, rejected_by text,
     cancelled_by text, trace_id text, traceparent text, triggered_by text,
-    definition_offset bigint
+    definition_offset bigint, waiting_reason text
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS staged_log_lines (
     execution_id uuid, delivery int, seq int, job_id text, attempt_number int,
@@ -95,12 +95,13 @@ INSERT INTO job_executions AS je (
     worker_id, attempt_number, delivery, error_message, result, progress, progress_message,
     priority, queue, last_event, updated_at, reason, idempotency_key, job, approved_by,
     rejected_by, cancelled_by, trace_id, traceparent, triggered_by, definition_offset,
-    definition_version)
+    definition_version, waiting_reason)
 SELECT p.execution_id, p.job_id, p.run_id, p.status, p.scheduled_at, p.queued_at, p.started_at,
        p.completed_at, p.worker_id, p.attempt_number, p.delivery, p.error_message, p.result,
        p.progress, p.progress_message, p.priority, p.queue, p.last_event, p.updated_at,
        p.reason, p.idempotency_key, p.job, p.approved_by, p.rejected_by, p.cancelled_by,
-       p.trace_id, p.traceparent, p.triggered_by, p.definition_offset, v.version
+       p.trace_id, p.traceparent, p.triggered_by, p.definition_offset, v.version,
+       p.waiting_reason
 FROM staged_executions AS p
 LEFT JOIN job_definition_versions AS v
        ON v.job_id = p.job_id AND v.kafka_offset = p.definition_offset
@@ -134,6 +135,7 @@ ON CONFLICT (execution_id) DO UPDATE SET
     triggered_by = COALESCE(EXCLUDED.triggered_by, je.triggered_by),
     definition_offset = COALESCE(EXCLUDED.definition_offset, je.definition_offset),
     definition_version = COALESCE(EXCLUDED.definition_version, je.definition_version),
+    waiting_reason = COALESCE(EXCLUDED.waiting_reason, je.waiting_reason),
     updated_at = EXCLUDED.updated_at
 WHERE je.status NOT IN ('COMPLETED', 'FAILED', 'TIMED_OUT', 'CANCELLED', 'PERMANENTLY_FAILED',
                         'SKIPPED')
@@ -314,6 +316,13 @@ SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, ide
        traceparent, reason, triggered_by
 FROM job_executions WHERE execution_id = $1 AND status = 'AWAITING_APPROVAL';
 
+-- name: waiting_execution
+-- An execution held back by flow control (decision 0056): a CANCEL ends it here, since no
+-- worker has its work record yet.
+SELECT execution_id, job_id, run_id, scheduled_at, attempt_number, delivery, idempotency_key, job,
+       traceparent, reason, triggered_by, waiting_reason
+FROM job_executions WHERE execution_id = $1 AND status = 'WAITING';
+
 -- name: step_upstream
 -- The upstream executions DAG step $2 of run $1 saw when it was decided, in its
 -- depends_on order, as they are now (final: they do not change).
@@ -472,7 +481,8 @@ WHERE execution_id = ANY($1::uuid[]) AND status = 'RUNNING';
 SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
        started_at, completed_at, worker_id, progress, progress_message, error_message,
        result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
-       updated_at, triggered_by, definition_version, (job->'params')::text AS params
+       updated_at, triggered_by, definition_version, (job->'params')::text AS params,
+       waiting_reason
 FROM job_executions
 WHERE ($1::text IS NULL OR job_id = $1) AND ($2::text IS NULL OR status = $2)
 ORDER BY scheduled_at DESC, job_id, attempt_number DESC
@@ -482,7 +492,8 @@ LIMIT $3;
 SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at, queued_at,
        started_at, completed_at, worker_id, progress, progress_message, error_message,
        result::text AS result, priority, queue, reason, approved_by, rejected_by, cancelled_by,
-       updated_at, triggered_by, definition_version, (job->'params')::text AS params
+       updated_at, triggered_by, definition_version, (job->'params')::text AS params,
+       waiting_reason
 FROM job_executions WHERE execution_id = $1;
 
 -- name: execution_timeline
@@ -506,6 +517,14 @@ FROM execution_logs
 WHERE execution_id = $1 AND (delivery, seq) > ($2, $3)
 ORDER BY delivery, seq
 LIMIT $4;
+
+-- name: execution_trigger_events
+-- Where the records of an event trigger's run are (its projected snapshot's events), in
+-- the run's order: topic, partition, offset.
+SELECT e->>'topic' AS topic, (e->>'partition')::int AS partition, (e->>'offset')::bigint AS "offset"
+FROM job_executions je, jsonb_array_elements(
+    CASE WHEN jsonb_typeof(je.job->'events') = 'array' THEN je.job->'events' ELSE '[]'::jsonb END) e
+WHERE je.execution_id = $1;
 
 -- name: log_state
 -- Where an execution's log stands: its status and delivery, how many lines the latest
@@ -603,6 +622,17 @@ SELECT c.calendar_id, c.timezone, c.definition::text AS definition, c.version, c
 FROM calendars c
 WHERE $1 OR c.deleted_at IS NULL
 ORDER BY c.calendar_id;
+
+-- name: pool_usage
+-- Per pool, as projected: the slots its executions hold (statuses.HOLDING) and how many
+-- wait (WAITING) — what `cronstream pools` shows beside each pool's size.
+SELECT job->>'pool' AS pool,
+       COALESCE(sum(COALESCE((job->>'pool_slots')::int, 1))
+                FILTER (WHERE status IN ('QUEUED', 'RUNNING')), 0)::int AS in_use,
+       count(*) FILTER (WHERE status = 'WAITING')::int AS waiting
+FROM job_executions
+WHERE (status = 'WAITING' OR status IN ('QUEUED', 'RUNNING')) AND job->>'pool' IS NOT NULL
+GROUP BY 1;
 
 -- name: calendar_history
 -- Every version of a calendar, oldest first (`cronstream calendar history`).

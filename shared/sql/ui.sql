@@ -106,18 +106,30 @@ SELECT downstream_job_id FROM job_dependencies WHERE upstream_job_id = $1 ORDER 
 
 -- name: active_counts
 SELECT status, count(*) AS n FROM job_executions
-WHERE status IN ('QUEUED', 'RUNNING', 'AWAITING_APPROVAL')
+WHERE status IN ('WAITING', 'QUEUED', 'RUNNING', 'AWAITING_APPROVAL')
 GROUP BY status;
 
 -- name: active
 -- Executions in one live state (partial index job_executions_active), newest first.
 SELECT execution_id, job_id, run_id, status, attempt_number, delivery, scheduled_at,
        queued_at, started_at, completed_at, worker_id, progress,
-       left(progress_message, 200) AS progress_message, left(error_message, 200) AS error_message
+       left(progress_message, 200) AS progress_message, left(error_message, 200) AS error_message,
+       left(waiting_reason, 200) AS waiting_reason
 FROM job_executions
 WHERE status = $1
 ORDER BY scheduled_at DESC
 LIMIT $2;
+
+-- name: pool_executions
+-- The executions of pooled jobs that hold a slot (statuses.HOLDING) or wait for one
+-- (WAITING), oldest first: the Pools page.
+SELECT execution_id, job_id, status, attempt_number, scheduled_at, queued_at, started_at,
+       worker_id, left(waiting_reason, 200) AS waiting_reason, job->>'pool' AS pool,
+       COALESCE((job->>'pool_slots')::int, 1) AS slots
+FROM job_executions
+WHERE (status = 'WAITING' OR status IN ('QUEUED', 'RUNNING')) AND job->>'pool' IS NOT NULL
+ORDER BY scheduled_at
+LIMIT $1;
 
 -- name: recent_terminal
 -- Executions that ended, latest first (index job_executions_completed, migration 0006).
@@ -136,8 +148,21 @@ SELECT e.execution_id, e.job_id, e.run_id, e.status, e.attempt_number, e.deliver
        e.priority, e.queue, e.reason, e.idempotency_key, e.trace_id, e.approved_by,
        e.rejected_by, e.cancelled_by, e.updated_at,
        left(e.result::text, $2) AS result, length(e.result::text) AS result_chars,
-       e.triggered_by, e.definition_version, left((e.job->'params')::text, $2) AS params
+       e.triggered_by, e.definition_version, left((e.job->'params')::text, $2) AS params,
+       left(e.waiting_reason, 2000) AS waiting_reason
 FROM job_executions e WHERE e.execution_id = $1;
+
+-- name: execution_trigger_records
+-- An event trigger's run: its records (the projected snapshot's events), in the run's
+-- order, without their values (the handler's ctx.events has them).
+SELECT e->>'topic' AS topic, (e->>'partition')::int AS partition, (e->>'offset')::bigint AS "offset",
+       (e->>'timestamp')::timestamptz AS written_at, left(e->>'key', 200) AS key
+FROM job_executions je, jsonb_array_elements(
+    CASE WHEN jsonb_typeof(je.job->'events') = 'array' THEN je.job->'events' ELSE '[]'::jsonb END)
+    WITH ORDINALITY AS r(e, n)
+WHERE je.execution_id = $1
+ORDER BY r.n
+LIMIT $2;
 
 -- name: execution_events
 SELECT event_id, status, attempt_number, delivery, occurred_at, worker_id,
@@ -267,7 +292,7 @@ SELECT job_id,
        min(COALESCE(started_at, scheduled_at)) AS first_start,
        max(COALESCE(completed_at, now())) AS last_end,
        bool_or(status IN ('FAILED', 'TIMED_OUT', 'PERMANENTLY_FAILED')) AS failed,
-       bool_or(status IN ('QUEUED', 'RUNNING', 'AWAITING_APPROVAL')) AS active
+       bool_or(status IN ('WAITING', 'QUEUED', 'RUNNING', 'AWAITING_APPROVAL')) AS active
 FROM job_executions
 WHERE job_id = ANY($1::text[]) AND scheduled_at >= $2 AND scheduled_at < $3
 GROUP BY job_id, bucket;

@@ -23,11 +23,22 @@ from uuid import uuid4
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
+from cronstream.shared.kafka.admin import ensure_topics
 from cronstream.shared.settings import Settings
+from cronstream.shared.topics import TopicSpec
 from tests.chaos import ledger
-from tests.chaos.load import HANDLER_MODULE, Fire, LoadShape, expected_fires, publish
+from tests.chaos.load import (
+    EVENT_JOB,
+    HANDLER_MODULE,
+    POOL,
+    EventStream,
+    Fire,
+    LoadShape,
+    expected_fires,
+    publish,
+)
 from tests.chaos.supervisor import Exit, Supervisor
-from tests.support import cli, env_for, eventually
+from tests.support import cli, env_for, eventually, pool_slots_in_use
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "chaos"
 SHORT = os.environ.get("CRONSTREAM_CHAOS_SHORT", "") not in ("", "0")
@@ -114,6 +125,7 @@ class ChaosRun:
         self.started = time.monotonic()
         self._admin: AdminClient | None = None
         self._partitions: list[TopicPartition] = []
+        self.events: EventStream | None = None
 
     # -- the system ---------------------------------------------------------------------
 
@@ -152,7 +164,19 @@ class ChaosRun:
         definitions = self.shape.definitions(start, end)
         self.fires = expected_fires(definitions)
         self.job_ids = [d["job_id"] for d in definitions]
-        publish(self.settings, definitions)
+        if self.shape.pooled:
+            done = cli(self.settings, "pool", "set", POOL, "--slots", str(self.shape.pool_slots))
+            assert done.returncode == 0, f"cronstream pool set failed: {done.stdout}{done.stderr}"
+        if self.shape.event_rate:
+            topic = f"{self.settings.topic_prefix}chaos-orders"
+            ensure_topics(self.settings, [TopicSpec(topic, 3, {})])
+            self.events = EventStream(self.settings, topic, self.shape.event_rate)
+            definitions_sent = [*definitions, self.shape.event_definition(topic)]
+        else:
+            definitions_sent = definitions
+        publish(self.settings, definitions_sent)
+        if self.events is not None:
+            self.events.start(start, end)
         self.window = (start, end)
         self.figures.update(window_seconds=seconds, fires_per_second=self.shape.fires_per_second,
                             workers=2, worker_concurrency=WORKER_CONCURRENCY)
@@ -232,8 +256,11 @@ class ChaosRun:
                 result = ledger.check(self.settings, self.fires, self.job_ids)
         problems += result.problems
         problems += self._services_record(crash_restarts_allowed)
+        problems += self._flow_record(result)
+        problems += self._event_record(result)
         for recovery in self.recoveries:
-            recovery.seconds = ledger.recovery(self.settings.database_url, self.job_ids,
+            recovery.seconds = ledger.recovery(self.settings.database_url,
+                                               self.shape.recovery_job_ids(self.job_ids),
                                                recovery.ended_at)
             for kind in ("first", "all_jobs_moving"):
                 value = recovery.seconds[kind]
@@ -245,6 +272,50 @@ class ChaosRun:
                                     f"target {recovery.target:.0f}s")
         self._record(result, problems)
         assert not problems, "chaos run failed:\n- " + "\n- ".join(problems)
+
+    def _event_record(self, result: ledger.LedgerResult) -> list[str]:
+        """Every matching record of the event trigger's source in exactly one run."""
+        if self.events is None:
+            return []
+        self.events.finish()
+        problems = [f"the event source's writer: {_sample_text(self.events.failed)}"] \
+            if self.events.failed else []
+        matching = self.events.matching
+
+        def settled() -> bool:
+            runs = ledger.event_runs(self.settings, EVENT_JOB)
+            return {p for r in runs for p in r["positions"]} >= matching
+
+        with contextlib.suppress(AssertionError):  # the ledger below says what is missing
+            eventually(settled, timeout=60, interval=2, message="every matching record in a run")
+        with contextlib.suppress(AssertionError):  # ... and which runs did not end
+            eventually(lambda: not ledger.event_ledger(self.settings, EVENT_JOB, matching,
+                                                       self.shape.event_batch)[0],
+                       timeout=30, interval=2, message="every event run ended")
+        found, figures = ledger.event_ledger(self.settings, EVENT_JOB, matching, self.shape.event_batch)
+        result.figures.update(figures)
+        return problems + found
+
+    def _flow_record(self, result: ledger.LedgerResult) -> list[str]:
+        """The limits held under the fault, and no slot leaked: once every execution ended,
+        the dispatcher counts none of the pool's slots in use (decision 0056)."""
+        problems, figures = ledger.flow_limits(self.settings.database_url, self.shape)
+        result.figures.update(figures)
+        if self.shape.pooled:
+            def released() -> bool:
+                status, body = self.supervisor.get("dispatcher", "/metrics")
+                return status == 200 and pool_slots_in_use(body, POOL) == 0
+
+            try:
+                eventually(released, timeout=30, interval=1, message="the pool's slots released")
+                result.figures["pool_slots_in_use_at_end"] = 0
+            except AssertionError:
+                status, body = self.supervisor.get("dispatcher", "/metrics")
+                left = pool_slots_in_use(body, POOL) if status == 200 else None
+                result.figures["pool_slots_in_use_at_end"] = left
+                problems.append(f"pool {POOL}: {left} slots still in use once every execution "
+                                f"ended (a leak), /metrics answered {status}")
+        return problems
 
     def _services_record(self, crash_restarts_allowed: bool) -> list[str]:
         problems = []
@@ -320,6 +391,10 @@ def worker_kill_problems(kills: int, inside: int, requeues: list[Requeue]) -> li
             problems.append(f"{r.worker}'s executions re-queued {r.seconds:.1f}s after its death, "
                             f"target dead_after + 2 = {REQUEUE_TARGET_SECONDS:.0f}s (docs/reference/performance.md#recovery)")
     return problems
+
+
+def _sample_text(items: list[str], n: int = 3) -> str:
+    return "; ".join(items[:n]) + (f" (+{len(items) - n})" if len(items) > n else "")
 
 
 def _last_error(exit_: Exit) -> str | None:

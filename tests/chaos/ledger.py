@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -30,7 +31,7 @@ from pydantic import ValidationError
 from cronstream.shared.records import ExecutionEvent
 from cronstream.shared.settings import Settings
 from tests.chaos.load import Fire, LoadShape
-from tests.support import read_all, sql
+from tests.support import most_at_once, read_all, sql
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED", "PERMANENTLY_FAILED",
@@ -107,17 +108,21 @@ def projection_matches_log(settings: Settings) -> bool:
     return projected_event_ids(settings) == log_events(settings).ids
 
 
-def first_attempt_dues(settings: Settings) -> Counter[str]:
-    """How many first-attempt, scheduled JobDues `job-due` holds per execution id."""
-    counts: Counter[str] = Counter()
+def _first_attempts(settings: Settings, reason: str) -> Iterator[dict[str, Any]]:
+    """The first-attempt JobDues of `reason` on `job-due`, as committed (one committed twice
+    is there twice), parsed."""
     for msg in read_all(settings, settings.topics.job_due, timeout=30):
         try:
             due = json.loads(msg.value() or b"")
         except (ValueError, RecursionError):
             continue
-        if isinstance(due, dict) and due.get("reason") == "SCHEDULE" and due.get("attempt_number") == 1:
-            counts[str(due.get("execution_id"))] += 1
-    return counts
+        if isinstance(due, dict) and due.get("reason") == reason and due.get("attempt_number") == 1:
+            yield due
+
+
+def first_attempt_dues(settings: Settings) -> Counter[str]:
+    """How many first-attempt, scheduled JobDues `job-due` holds per execution id."""
+    return Counter(str(due.get("execution_id")) for due in _first_attempts(settings, "SCHEDULE"))
 
 
 def check(settings: Settings, fires: dict[UUID, Fire], job_ids: list[str]) -> LedgerResult:
@@ -240,3 +245,70 @@ def kept_lines_problems(url: str, job_ids: list[str], worker_id: str, died_at: d
                                 f"{next_at:%H:%M:%S.%f}, more than a second before the worker was "
                                 f"frozen ({frozen_at:%H:%M:%S.%f}), is lost")
     return len(rows), problems
+
+
+def flow_limits(url: str, shape: LoadShape) -> tuple[list[str], dict[str, Any]]:
+    """Issue 57's limits under the fault: the pooled jobs together never ran more than the
+    pool's slots at once, each keyed job never more than one per key (its one key), and how
+    many executions the limits held back (WAITING) — a fault that held none tested little."""
+    problems: list[str] = []
+    figures: dict[str, Any] = {}
+    if shape.pooled:
+        rows = sql(url, q("run_spans"), shape.pooled)
+        most = most_at_once([(r["started_at"], r["completed_at"]) for r in rows])
+        figures["pool_most_at_once"] = most
+        figures["pool_waited"] = int(sql(url, q("executions_that_waited"), shape.pooled)[0][0])
+        if most > shape.pool_slots:
+            problems.append(f"the pooled jobs ran {most} at once, the pool has {shape.pool_slots} slots")
+    for job_id in shape.keyed:
+        rows = sql(url, q("run_spans"), [job_id])
+        most = most_at_once([(r["started_at"], r["completed_at"]) for r in rows])
+        figures.setdefault("key_most_at_once", {})[job_id] = most
+        if most > 1:
+            problems.append(f"{job_id} ran {most} at once under its key's max_running 1")
+    if shape.keyed:
+        figures["key_waited"] = int(sql(url, q("executions_that_waited"), shape.keyed)[0][0])
+    return problems, figures
+
+
+def event_runs(settings: Settings, job_id: str) -> list[dict[str, Any]]:
+    """The first attempts of `job_id`'s event runs on `job-due`, as committed (a run
+    committed twice is there twice): {execution_id, positions: [(partition, offset)]}."""
+    return [{"execution_id": str(due["execution_id"]),
+             "positions": [(e["partition"], e["offset"]) for e in (due.get("job") or {}).get("events") or []]}
+            for due in _first_attempts(settings, "EVENT") if due.get("job_id") == job_id]
+
+
+def event_ledger(settings: Settings, job_id: str, matching: set[tuple[int, int]],
+                 max_events: int) -> tuple[list[str], dict[str, Any]]:
+    """Issue 56 under the fault: every matching record the source acknowledged is in
+    exactly one run, no other record is in any, no run was committed twice or holds more
+    than `max_events`, and every run COMPLETED."""
+    problems: list[str] = []
+    runs = event_runs(settings, job_id)
+    ids = Counter(r["execution_id"] for r in runs)
+    doubled_runs = [e for e, n in ids.items() if n > 1]
+    seen = Counter(p for r in runs for p in r["positions"])
+    in_two = sorted(p for p, n in seen.items() if n > 1)
+    missing = sorted(matching - set(seen))
+    unexpected = sorted(set(seen) - matching)
+    oversize = [r["execution_id"] for r in runs if len(r["positions"]) > max_events]
+    statuses = Counter(r["status"] for r in sql(settings.database_url, q("statuses_of"),
+                                                 [UUID(e) for e in ids]))
+    figures = {"event_records": len(matching), "event_runs": len(ids),
+               "event_run_statuses": dict(statuses)}
+    if doubled_runs:
+        problems.append(f"{len(doubled_runs)} event runs committed twice: {_sample(doubled_runs)}")
+    if in_two:
+        problems.append(f"{len(in_two)} source records in two runs: {_sample(in_two)}")
+    if missing:
+        problems.append(f"{len(missing)} of {len(matching)} matching source records in no run: "
+                        f"{_sample(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} records in runs that the filter does not pass or "
+                        f"the source never acknowledged: {_sample(unexpected)}")
+    if oversize:
+        problems.append(f"{len(oversize)} event runs with more than {max_events} records")
+    if statuses.get("COMPLETED", 0) != len(ids):
+        problems.append(f"event runs not all COMPLETED: {dict(statuses)} of {len(ids)}")
+    return problems, figures

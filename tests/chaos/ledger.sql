@@ -79,3 +79,20 @@ SELECT execution_id, min(occurred_at) AS requeued_at
 FROM execution_events
 WHERE execution_id = ANY($1::uuid[]) AND status = 'REQUEUED' AND occurred_at > $2
 GROUP BY execution_id;
+
+-- name: run_spans
+-- From start to end, every execution of the jobs that ran to an end: what ran at once.
+SELECT job_id, started_at, completed_at
+FROM job_executions
+WHERE job_id = ANY($1::text[]) AND started_at IS NOT NULL AND completed_at IS NOT NULL;
+
+-- name: executions_that_waited
+-- How many executions of the jobs were held back (WAITING) at some point.
+SELECT count(DISTINCT execution_id)
+FROM execution_events
+WHERE job_id = ANY($1::text[]) AND status = 'WAITING';
+
+-- name: statuses_of
+SELECT execution_id, status
+FROM job_executions
+WHERE execution_id = ANY($1::uuid[]);

@@ -188,3 +188,15 @@ def print_then_fail(ctx: Context) -> None:
         time.sleep(float(ctx.params.get("every", 0.5)))
     logging.getLogger("tests.browser").warning("about to fail")
     raise ValueError(f"region {ctx.params.get('region', 'eu')!r} is not served")
+
+
+@handler("test.events")
+def events(ctx: Context) -> dict[str, Any]:
+    """Returns the records of its event trigger's run (ctx.events), in order; fails the
+    attempts before params.fail_before_attempt."""
+    if ctx.attempt_number < int(ctx.params.get("fail_before_attempt", 0)):
+        raise RuntimeError(f"attempt {ctx.attempt_number} fails on purpose")
+    return {"events": [{"topic": e.topic, "partition": e.partition, "offset": e.offset,
+                        "timestamp": e.timestamp.isoformat(), "key": e.key, "value": e.value,
+                        "headers": e.headers} for e in ctx.events],
+            "attempt": ctx.attempt_number}

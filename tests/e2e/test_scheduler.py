@@ -15,8 +15,9 @@ from typing import Any
 
 from cronstream.shared.records import JobDue, JobSnapshot, RetryRequest
 from cronstream.shared.settings import Settings
+from cronstream.shared.shards import shard_of
 from tests.conftest import Processes
-from tests.support import ServiceProcess, cli, eventually, produce, produce_json, read_all, value
+from tests.support import ServiceProcess, cli, eventually, produce, produce_json, read_all, shards_led, value
 
 
 def dues(settings: Settings, job_id: str | None = None) -> list[tuple[JobDue, int]]:
@@ -46,25 +47,29 @@ def assert_no_duplicates_and_no_gaps(times: list[datetime], step: timedelta) -> 
     assert not gaps, f"missing fires between {gaps}"
 
 
-def leader_of(schedulers: list[ServiceProcess], exclude: set[int] | None = None,
-              count: int = 1) -> ServiceProcess:
+def leader_of(schedulers: list[ServiceProcess], settings: Settings, key: str,
+              exclude: set[int] | None = None) -> ServiceProcess:
+    """The scheduler leading the shard of `key` (a job id, or a retry's execution id) and
+    not stepped down from it — never one of `exclude`."""
+    shard = shard_of(key, settings.scheduler_shards)
+
     def find() -> ServiceProcess | None:
         for s in schedulers:
-            if s.pid not in (exclude or set()) and s.log().count("action=leader_ready") >= count:
+            if s.pid not in (exclude or set()) and s.alive() and shard in shards_led(s):
                 return s
         return None
-    return eventually(find, 60, message="a scheduler leads")
+    return eventually(find, 60, message=f"a scheduler leads shard {shard}")
 
 
 def test_sigkill_of_the_leader_loses_and_duplicates_nothing(processes: Processes, topics: Settings) -> None:
     schedulers = [processes.start("scheduler", "--instance-id", f"s{i}", name=f"scheduler-{i}")
                   for i in range(3)]
-    leader = leader_of(schedulers)
+    leader = leader_of(schedulers, topics, "tick")
     produce_json(topics, topics.topics.job_definitions, "tick", interval_job("tick"))
     eventually(lambda: len(first_attempts(topics, "tick")) >= 4, 30, message="ticks before the kill")
     killed_at_ms = time.time_ns() // 1_000_000
     leader.kill()
-    successor = leader_of(schedulers, exclude={leader.pid})
+    successor = leader_of(schedulers, topics, "tick", exclude={leader.pid})
     eventually(lambda: any(t > datetime.now(UTC) - timedelta(seconds=1)
                            for t in first_attempts(topics, "tick")), 30,
                message="fires after the failover")
@@ -78,11 +83,11 @@ def test_sigkill_of_the_leader_loses_and_duplicates_nothing(processes: Processes
 def test_a_paused_leader_is_fenced_when_it_resumes(processes: Processes, topics: Settings) -> None:
     schedulers = [processes.start("scheduler", "--instance-id", f"s{i}", name=f"scheduler-{i}")
                   for i in range(2)]
-    zombie = leader_of(schedulers)
+    zombie = leader_of(schedulers, topics, "tick")
     produce_json(topics, topics.topics.job_definitions, "tick", interval_job("tick"))
     eventually(lambda: len(first_attempts(topics, "tick")) >= 3, 30, message="ticks before the pause")
     zombie.signal(signal.SIGSTOP)
-    leader_of(schedulers, exclude={zombie.pid})  # its session expired; the other one leads
+    leader_of(schedulers, topics, "tick", exclude={zombie.pid})  # its session expired
     eventually(lambda: any(t > datetime.now(UTC) - timedelta(seconds=1)
                            for t in first_attempts(topics, "tick")), 30,
                message="the new leader fires")
@@ -172,7 +177,6 @@ def test_retry_timers_fire_once_at_their_time_and_survive_a_leader_kill(
 ) -> None:
     schedulers = [processes.start("scheduler", "--instance-id", f"s{i}", name=f"scheduler-{i}")
                   for i in range(2)]
-    leader = leader_of(schedulers)
     soon = retry_request("soon", datetime.now(UTC) + timedelta(seconds=2))
     cancelled = retry_request("cancelled", datetime.now(UTC) + timedelta(seconds=3))
     later = retry_request("later", datetime.now(UTC) + timedelta(seconds=12))
@@ -185,8 +189,9 @@ def test_retry_timers_fire_once_at_their_time_and_survive_a_leader_kill(
     assert (due.execution_id, due.reason, due.attempt_number) == (soon.execution_id, "RETRY", 2)
     assert committed_ms >= int(soon.due_at.timestamp() * 1000), "never early"
 
+    leader = leader_of(schedulers, topics, str(later.execution_id))
     leader.kill()  # the pending `later` retry must survive the failover
-    leader_of(schedulers, exclude={leader.pid})
+    leader_of(schedulers, topics, str(later.execution_id), exclude={leader.pid})
     eventually(lambda: dues(topics, "later"), 40, message="the pending retry fires after failover")
     assert len(dues(topics, "later")) == 1
     assert dues(topics, "cancelled") == []

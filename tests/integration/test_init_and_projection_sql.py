@@ -243,3 +243,18 @@ def test_the_success_rate_is_per_run_in_every_jobs_overview(database_url: str) -
     assert (listed["finished_24h"], listed["succeeded_24h"]) == (3, 2)
     shown = sql(database_url, query("jobs_rows", "ui.sql"), ["j"])[0]
     assert (shown["finished"], shown["succeeded"]) == (3, 2)
+
+
+def test_a_waiting_execution_keeps_its_reason_and_every_reader_shows_it(database_url: str) -> None:
+    e = uuid.uuid4()
+    reason = "pool etl: 2 of 2 slots in use"
+    upsert(database_url, [event(e, "WAITING", 1, waiting_reason=reason)])
+    assert (row(database_url, e)["status"], row(database_url, e)["waiting_reason"]) == ("WAITING", reason)
+    assert [r["waiting_reason"] for r in sql(database_url, query("active", "ui.sql"), "WAITING", 10)] == [reason]
+    assert sql(database_url, query("execution", "ui.sql"), e, 100)[0]["waiting_reason"] == reason
+    assert sql(database_url, query("get_execution"), e)[0]["waiting_reason"] == reason
+    assert {r["status"]: r["n"] for r in sql(database_url, query("active_counts", "ui.sql"))} == {"WAITING": 1}
+    assert sql(database_url, query("pool_executions", "ui.sql"), 10) == []  # no pool in its snapshot
+    upsert(database_url, [event(e, "QUEUED", 2)])
+    r = row(database_url, e)
+    assert (r["status"], r["waiting_reason"]) == ("QUEUED", reason), "why it started late, kept"

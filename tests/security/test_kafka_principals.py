@@ -44,7 +44,7 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:subprocess \d+ is still running
 UI_TOKEN = "principals-ui-token-0123456789"
 TOPICS = ("job-definitions", "job-due", "execution-events", "execution-logs", "heartbeats", "retries",
           "dead-letters", "scheduler-state", "scheduler-members", "dispatcher-state", "commands", "alerts", "calendars",
-          "work.normal.default")
+          "trigger-state", "pools", "admissions", "work.normal.default")
 
 
 @pytest.fixture(scope="module")

@@ -68,3 +68,26 @@ def test_the_sharded_scheduler_joins_its_group_and_commits_through_each_shards_t
                 ("TOPIC", "LITERAL", "acme.job-definitions", "READ")} <= of(part), part
         assert ("GROUP", "LITERAL", "acme.scheduler", "READ") not in of(part), part
 
+
+
+def test_the_scheduler_reads_its_trigger_state_and_the_source_topics_of_event_triggers() -> None:
+    from cronstream.shared.acls import trigger_topics
+    from cronstream.shared.records import JobDefinition
+
+    definitions = [JobDefinition.from_dict({"job_id": j, "type": "EVENT", "handler": "h",
+                                            "event": {"topic": t}})
+                   for j, t in (("a", "shop.orders"), ("b", "shop.orders"), ("c", "acme.execution-events"))]
+    definitions.append(JobDefinition.from_dict({"job_id": "d", "type": "INTERVAL", "interval_seconds": 5,
+                                                "handler": "h"}))
+    sources = trigger_topics(definitions)
+    assert sources == ["acme.execution-events", "shop.orders"]
+    bindings = acls(Topics("acme."), principals(), sources)
+    reads = {a.name for a in bindings if a.principal == "User:cronstream-scheduler" and a.operation == "READ"}
+    assert {"shop.orders", "acme.execution-events", "acme.trigger-state"} <= reads
+    writes = {a.name for a in bindings if a.principal == "User:cronstream-scheduler" and a.operation == "WRITE"}
+    assert "acme.trigger-state" in writes and "shop.orders" not in writes
+    assert not any(a.name == "shop.orders" for a in bindings if a.principal != "User:cronstream-scheduler")
+    out = CliRunner().invoke(cli, ["--topic-prefix", "acme.", "kafka-acls", "--only", "scheduler",
+                                   "--trigger-topic", "shop.orders", "-o", "commands"])
+    assert out.exit_code == 0, out.output
+    assert "--allow-principal User:cronstream-scheduler --operation Read --topic shop.orders" in out.output

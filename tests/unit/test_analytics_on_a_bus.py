@@ -183,3 +183,42 @@ def test_the_replay_ends_at_each_partitions_end_whatever_lies_there() -> None:
         assert (alert["job_id"], alert["evidence"]["finished"]) == ("nightly", len(recent))
 
     asyncio.run(scenario())
+
+
+def test_an_execution_waiting_longer_than_its_jobs_interval_raises_an_alert_until_it_starts() -> None:
+    from cronstream.services.analytics.waits import Waits, interval_of
+
+    every_minute = JobDefinition.model_validate({
+        "job_id": "export", "type": "INTERVAL", "interval_seconds": 60, "handler": "noop",
+        "pool": "etl"})
+    assert interval_of(every_minute) == 60
+    assert interval_of(NIGHTLY.model_copy(update={"schedule": "*/5 * * * *"})) == 300
+    waits = Waits()
+    waits.definition("export", every_minute)
+    due = JobDue.first(every_minute, datetime(2026, 1, 1, tzinfo=UTC), "SCHEDULE")
+    waits.event("export", due.execution_id, "WAITING", 0, "pool etl: 2 of 2 slots in use")
+    assert not waits.judge("export", 60_000).too_long
+    late = waits.judge("export", 61_000)
+    assert late.too_long and late.reason == "pool etl: 2 of 2 slots in use" and late.waiting == 1
+    waits.event("export", due.execution_id, "QUEUED", 62_000, None)
+    assert waits.jobs() == set() and not waits.judge("export", 120_000).too_long
+
+    async def scenario() -> None:
+        bus = new_bus()
+        define(bus, every_minute)
+        long_ago = datetime.now(UTC) - timedelta(minutes=3)
+        waiting = ExecutionEvent.for_due(due, "WAITING", occurred_at=long_ago,
+                                         waiting_reason="pool etl: 2 of 2 slots in use")
+        bus.append(T.execution_events, b"export", waiting.to_json(),
+                   timestamp_ms=int(long_ago.timestamp() * 1000))
+        async with started(bus) as service:
+            await until(lambda: ready(service) and alerts(bus), "the wait judged")
+            queued = ExecutionEvent.for_due(due, "QUEUED")
+            bus.append(T.execution_events, b"export", queued.to_json())
+            await until(lambda: len(alerts(bus)) == 2, "the wait over")
+        firing, resolved = alerts(bus)
+        assert (firing["kind"], firing["state"], firing["job_id"]) == ("WAITING_TOO_LONG", "FIRING", "export")
+        assert "longer than the job's interval of 60s (pool etl: 2 of 2 slots in use)" in firing["summary"]
+        assert (resolved["state"], resolved["alert_id"]) == ("RESOLVED", firing["alert_id"])
+
+    asyncio.run(scenario())

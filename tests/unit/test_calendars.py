@@ -554,3 +554,25 @@ def test_the_integer_interval_path_is_only_for_plain_intervals() -> None:
     assert not plain_interval(job(type="INTERVAL", schedule=None, interval_seconds=60, jitter_seconds=5))
     assert not plain_interval(job(type="INTERVAL", schedule=None, interval_seconds=60, calendar="cal"))
     assert not plain_interval(job(schedule="* * * * *"))
+
+
+@pytest.mark.parametrize("on_excluded", ["NEXT_DAY", "PREVIOUS_DAY"])
+@pytest.mark.parametrize("schedule", ["* * * * *", "30 2 * * *", "0 9 * * 1-5", "15 */6 * * *", "0 9 1 * *"])
+def test_the_lean_path_of_moved_fires_agrees_with_the_long_way(
+        monkeypatch: pytest.MonkeyPatch, on_excluded: str, schedule: str) -> None:
+    """Where no excluded day is near, a NEXT_DAY / PREVIOUS_DAY job's next fire is its own
+    schedule's, and an every-day schedule's moved fires are SKIP's (the lean paths); the
+    long way, day by day, must say the same — across a holiday season and both of Berlin's
+    DST changes."""
+    import cronstream.shared.schedule as sched
+
+    cal = calendar(timezone="Europe/Berlin", exclude_weekdays=["SAT"], holidays={"country": "DE"},
+                   exclude_dates=["2026-03-30", "2026-10-26"])
+    d = job(schedule=schedule, timezone="Europe/Berlin", calendar="cal", on_excluded=on_excluded)
+    rng = random.Random(schedule + on_excluded)
+    starts = [datetime(2026, m, day, tzinfo=UTC) + timedelta(minutes=rng.randrange(1440))
+              for m, day in ((3, 27), (3, 28), (3, 29), (10, 24), (10, 25), (12, 22), (12, 27))]
+    lean = [planned(d, s, 12, calendar=cal) for s in starts]
+    monkeypatch.setattr(sched, "_OWN_FIRE_DAYS", -1)  # every fire the long way
+    monkeypatch.setattr(sched, "_every_day", lambda _cron: False)
+    assert [planned(d, s, 12, calendar=cal) for s in starts] == lean

@@ -109,6 +109,27 @@ def test_the_next_round_waits_longer_only_while_everything_fires_ahead() -> None
     assert next_round_gap(alone.plan(ms(T0), ahead_ms=300), ms(T0)) == ROUND_GAP_SECONDS
 
 
+def test_rounds_that_only_fire_ahead_are_spaced_by_the_window_less_a_margin() -> None:
+    """Each fire is still committed at least the margin before its time, and a process of
+    many shards commits fewer transactions the wider the window (decision 0027)."""
+    from cronstream.services.scheduler.leader import (
+        AHEAD_MARGIN_SECONDS,
+        AHEAD_ROUND_GAP_MAX_SECONDS,
+        AHEAD_ROUND_GAP_SECONDS,
+        ahead_round_gap,
+        next_round_gap,
+    )
+    assert ahead_round_gap(300) == pytest.approx(0.3 - AHEAD_MARGIN_SECONDS)  # the default
+    assert ahead_round_gap(150) == AHEAD_ROUND_GAP_SECONDS  # never below the old gap
+    assert ahead_round_gap(1000) == AHEAD_ROUND_GAP_MAX_SECONDS
+    for window in range(100, 1001, 50):  # the committed fire keeps the margin
+        gap = ahead_round_gap(window)
+        assert window / 1000 - gap >= min(AHEAD_MARGIN_SECONDS, window / 1000 - AHEAD_ROUND_GAP_SECONDS)
+    alone = clock_with(definition("alone"))
+    ahead = alone.plan(ms(T0) - 200, ahead_ms=300)
+    assert next_round_gap(ahead, ms(T0) - 200, ahead_round_gap(300)) == pytest.approx(0.2)
+
+
 def late(clock: Clock, seconds: float) -> list[datetime]:
     plan = clock.plan(ms(T0 + timedelta(seconds=seconds)))
     clock.commit(plan)
@@ -116,8 +137,20 @@ def late(clock: Clock, seconds: float) -> list[datetime]:
 
 
 def test_late_within_grace_fires_normally() -> None:
+    """Every instant missed by less than the grace is fired, whatever the policy, and all
+    of them in one plan: a short outage's backlog does not go out one fire per job per
+    round (it took a chaos run's broker restart 24 rounds to catch up)."""
     clock = clock_with(definition(misfire_policy="SKIP", misfire_grace_seconds=60))
-    assert late(clock, 30) == [T0]
+    assert late(clock, 30) == [T0 + timedelta(seconds=s) for s in (0, 10, 20, 30)]
+    assert clock.next_due_ms() == ms(T0 + timedelta(seconds=40))
+    capped = clock_with(definition(misfire_policy="FIRE_ONCE", misfire_grace_seconds=60))
+    plan = capped.plan(ms(T0 + timedelta(seconds=30)), limit=2)
+    assert [from_epoch_ms(d.scheduled_ms) for d in plan.dues] == [T0, T0 + timedelta(seconds=10)]
+    capped.commit(plan)
+    assert late(capped, 30) == [T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)]
+    counted = clock_with(definition(misfire_policy="SKIP", misfire_grace_seconds=60, max_runs=3))
+    assert late(counted, 50) == [T0 + timedelta(seconds=s) for s in (0, 10, 20)]
+    assert counted.next_due_ms() is None
 
 
 def test_misfire_fire_once_fires_the_first_missed_instant_then_resumes_after_now() -> None:
@@ -199,6 +232,11 @@ def check_render(d: JobDefinition, fire: datetime) -> None:
     for next_ms, last_ms in ((ms(fire), None), (None, ms(fire))):
         model = SchedulerState(job_id="j", definition_offset=7, next_fire_ms=next_ms, last_fire_ms=last_ms)
         assert render_state("j", 7, next_ms, last_ms) == model.to_json()
+        for calendar_offset, runs in ((12, 3), (None, 0), (0, None)):
+            model = SchedulerState(job_id="j", definition_offset=7, next_fire_ms=next_ms,
+                                   last_fire_ms=last_ms, calendar_offset=calendar_offset, runs=runs)
+            assert render_state("j", 7, next_ms, last_ms, calendar_offset=calendar_offset,
+                                runs=runs) == model.to_json()
     assert json.loads(rendered.value)["job"]["priority"] == "high"
 
 
@@ -258,3 +296,17 @@ def test_the_dag_index_is_rebuilt_after_a_replay() -> None:
     clock.reconcile()
     assert clock._dependents_of("root") == ["a"]
     assert clock.jobs["root"]._definition is None, "scheduled jobs are not parsed for it"
+
+
+def test_a_definition_due_beyond_the_horizon_leaves_nothing_in_memory() -> None:
+    """A first leader applies every definition of its shard: one due years ahead is on
+    disk only — no job, and no timer left in the heap until it is due."""
+    clock = Clock()
+    clock.horizon_ms = ms(T0 + timedelta(minutes=2))
+    far = definition("far", type="ONE_TIME", interval_seconds=None, run_at=T0 + timedelta(days=3650))
+    near = definition("near")
+    for d in (far, near):
+        clock.apply_definition(d.job_id, d, d.to_json(), offset=0, observed_ms=ms(T0))
+    assert clock.evict() == ["far"]
+    assert [key for _due, _kind, key in clock._heap] == ["near"]
+    assert clock.next_due_ms() == ms(T0)

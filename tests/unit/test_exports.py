@@ -34,17 +34,17 @@ from cronstream.handlers import UpstreamResult
 
 EXPORTS = [
     "AsyncClient", "Calendar", "Client", "Command", "ConfigurationError", "Context", "CronstreamError",
-    "DefinitionError", "DefinitionProblem", "DefinitionVersion", "Execution", "ExecutionEvent",
-    "JobDefinition", "LogEntry", "NonRetryableError", "NotFoundError", "ParamsError",
-    "ResultOmittedError", "UnavailableError", "events", "handler",
+    "DefinitionError", "DefinitionProblem", "DefinitionVersion", "EventBatch", "EventTrigger",
+    "Execution", "ExecutionEvent", "JobDefinition", "LogEntry", "NonRetryableError", "NotFoundError",
+    "ParamsError", "ResultOmittedError", "TriggerEvent", "UnavailableError", "events", "handler",
 ]
 # The verbs a user scripts against; the CLI's and the dashboard's plumbing (a query's raw
 # rows, a run at a given time, a command of any kind...) is `_plumbing.Plumbing`.
 VERBS = [
     "apply", "apply_calendar", "apply_calendars", "approve", "calendar", "calendar_history",
-    "calendars", "cancel", "close", "definitions", "delete", "delete_calendar", "execution",
-    "follow_logs", "get", "history", "list", "logs", "pause", "reject", "resume", "runs",
-    "trigger", "version",
+    "calendars", "cancel", "close", "definitions", "delete", "delete_calendar", "delete_pool",
+    "execution", "follow_logs", "get", "history", "list", "logs", "pause", "pools", "reject",
+    "resume", "runs", "set_pool", "trigger", "version",
 ]
 ERRORS = ["ConfigurationError", "CronstreamError", "DefinitionError", "NotFoundError",
           "ParamsError", "ResultOmittedError", "UnavailableError"]

@@ -130,7 +130,7 @@ def test_a_job_the_clock_cannot_compute_is_suspended_and_the_others_keep_firing(
     clock.load_state("poison", json.dumps({**state, "definition_offset": 2}).encode())
     clock.reconcile()
     plan = clock.plan(now_ms=60_000)
-    assert [f.job_id for f in plan.dues] == ["good"]
+    assert {f.job_id for f in plan.dues} == {"good"}
     assert "poison" in clock.suspended
     assert clock.suspensions and clock.suspensions[0][0] == "poison"
 

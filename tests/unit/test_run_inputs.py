@@ -239,3 +239,18 @@ def test_a_job_with_a_run_limit_is_not_fired_ahead() -> None:
     assert Clock.fires_ahead(clock.jobs["free"])
     assert not Clock.fires_ahead(clock.jobs["limited"])
     assert isinstance(clock.jobs["limited"], JobClock)
+
+
+def test_pooled_and_keyed_jobs_fire_ahead_and_rate_limited_ones_when_due() -> None:
+    """The dispatcher admits a pooled or keyed run whenever its JobDue comes (decision
+    0056): committing it ahead holds its slot at most the window longer, and cuts the
+    scheduler's rounds to the long gap. A rate limit counts starts by admission: its runs
+    fire when due."""
+    clock = Clock()
+    for job_id, fields in (("pooled", {"pool": "etl"}),
+                           ("keyed", {"concurrency": {"key": "params.customer", "max_running": 1}}),
+                           ("rated", {"rate_limit": "10/m"})):
+        definition = job(job_id=job_id, **fields)
+        clock.apply_definition(job_id, definition, definition.to_json(), 0, 0)
+    assert Clock.fires_ahead(clock.jobs["pooled"]) and Clock.fires_ahead(clock.jobs["keyed"])
+    assert not Clock.fires_ahead(clock.jobs["rated"])

@@ -229,3 +229,148 @@ def test_a_second_term_reads_only_what_came_after_the_first(tmp_path: Path) -> N
         await s.close()
 
     asyncio.run(scenario())
+
+
+FAR, WAITER = on_shard("far"), on_shard("waiter")
+
+
+def test_a_calendar_change_replans_stored_jobs_and_a_new_term_trusts_only_the_current_version(
+        tmp_path: Path) -> None:
+    """A job not held in memory (its fire is hours away: only the store has it) is planned
+    again when its calendar changes, its new timing committed with the calendar version;
+    a leader of a later term recomputes a timing made with an older version. A job naming
+    a calendar nobody applied waits (counted), it is not suspended."""
+    from cronstream.services.scheduler.calendars import CalendarTable
+    from cronstream.shared.records import Calendar
+
+    async def scenario() -> None:
+        bus, epochs = bus_of(), Epochs()
+        now = datetime.now(UTC)
+        hour = (now.hour + 12) % 24  # the job's next fire is about 12 hours away
+        bus.append(T.job_definitions, FAR.encode(), json.dumps(
+            {"job_id": FAR, "type": "CRON", "schedule": f"0 {hour} * * *", "handler": "noop",
+             "calendar": "ops"}).encode(), partition=SHARD)
+        bus.append(T.job_definitions, WAITER.encode(), json.dumps(
+            {"job_id": WAITER, "type": "INTERVAL", "interval_seconds": 1, "handler": "noop",
+             "calendar": "nope"}).encode(), partition=SHARD)
+        calendars = CalendarTable(ready=True)
+        day_ms = 86_400_000
+        calendars.put(Calendar.from_dict({"calendar_id": "ops"}), 0, int(now.timestamp() * 1000) - day_ms)
+        s = await shard(bus, tmp_path, epochs)
+        leader = ShardLeader(SETTINGS, SHARD, election=cast(Any, s.election), store=s.store,
+                             follower=s.follower, instance="s1", kafka=s.kafka,
+                             group_metadata=lambda: "memory-group", calendars=calendars)
+        leader.start()
+        await feed_until_ready(s, leader)
+        row = s.store.job(FAR)
+        assert row is not None and row.cal_offset == 0 and row.next_fire_ms is not None
+        assert FAR not in leader.clock.jobs, "only the store holds it"
+        assert leader.waiting() == 1 and not leader.clock.suspended
+        first = datetime.fromtimestamp(row.next_fire_ms / 1000, UTC)
+
+        # Its next fire's day is excluded from now on: planned a day later, at once.
+        calendars.put(Calendar.from_dict({"calendar_id": "ops", "exclude_dates": [first.date().isoformat()]}),
+                      1, int(datetime.now(UTC).timestamp() * 1000))
+        async with asyncio.timeout(10):
+            while (row := s.store.job(FAR)) is None or row.cal_offset != 1:
+                await asyncio.sleep(0.01)
+        assert row.next_fire_ms == int((first + timedelta(days=1)).timestamp() * 1000)
+        committed = [json.loads(m.value() or b"null") for m in bus.records(T.scheduler_state)
+                     if m.key() == FAR.encode()]
+        assert committed[-1]["calendar_offset"] == 1 and committed[-1]["next_fire_ms"] == row.next_fire_ms
+        await leader.stop()
+
+        # The next term reads a newer version (the day after excluded too): it recomputes.
+        newer = CalendarTable(ready=True)
+        later = first + timedelta(days=1)
+        newer.put(Calendar.from_dict({"calendar_id": "ops", "exclude_dates": [
+            first.date().isoformat(), later.date().isoformat()]}), 2, int(datetime.now(UTC).timestamp() * 1000))
+        successor = ShardLeader(SETTINGS, SHARD, election=cast(Any, s.election), store=s.store,
+                                follower=s.follower, instance="s1", kafka=s.kafka,
+                                group_metadata=lambda: "memory-group", calendars=newer)
+        successor.start()
+        await feed_until_ready(s, successor)
+        row = s.store.job(FAR)
+        assert row is not None and row.cal_offset == 2
+        assert row.next_fire_ms == int((first + timedelta(days=2)).timestamp() * 1000)
+        assert bus.records(T.job_due) == [] and bus.records(T.alerts) == []
+        await successor.stop()
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_first_leader_drains_its_backlog_when_the_service_stops_reading(tmp_path: Path) -> None:
+    """Fewer definitions than a round, the end not reached yet: the leader waits for more,
+    until the service (its backlog of definitions read full) tells it to drain."""
+    async def scenario() -> None:
+        bus = bus_of()
+        for job_id in MANY:
+            bus.append(T.job_definitions, job_id.encode(), one_time(job_id, datetime.now(UTC)
+                                                                    + timedelta(days=1)), partition=SHARD)
+        s = await shard(bus, tmp_path, Epochs())
+        leader = s.leader()
+        leader.start()
+        async with asyncio.timeout(20):
+            while leader.backlog < len(MANY):
+                batch = leader.inbound.batch(await s.election.consume(100, 0))
+                leader.feed(batch, batch.records, False)  # the end not seen
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert (T.job_definitions, SHARD) not in bus.committed, "waits for a full round"
+            leader.drain()
+            while leader.backlog:
+                await asyncio.sleep(0.01)
+            assert bus.committed[(T.job_definitions, SHARD)] == len(MANY)
+            leader.feed(leader.inbound.batch([]), [], True)  # the end, seen before
+            await leader.ready.wait()
+        assert leader.store.count() == len(MANY)
+        await leader.stop()
+        await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_service_reads_no_definitions_while_its_leaders_backlogs_are_full() -> None:
+    """A cold start of millions of jobs reads no further ahead of its first leaders than
+    DEFINITIONS_BACKLOG records: memory stays bounded whatever the shard holds."""
+    from cronstream.services.scheduler import service as module
+
+    @dataclass
+    class Leader:
+        backlog: int
+        drained: int = 0
+
+        def drain(self) -> None:
+            self.drained += 1
+
+    class Reader:
+        consumed = 0
+
+        async def consume(self, n: int, timeout: float) -> list[Any]:
+            self.consumed += 1
+            return []
+
+    async def scenario() -> None:
+        svc = module.SchedulerService(SETTINGS, instance="s1")
+        reader = Reader()
+        full = [Leader(module.DEFINITIONS_BACKLOG // 2), Leader(module.DEFINITIONS_BACKLOG // 2)]
+        svc.leaders = cast(Any, dict(enumerate(full)))
+        assert await svc._read_definitions(cast(Any, reader)) == []
+        assert reader.consumed == 0 and [leader.drained for leader in full] == [1, 1]
+        full[0].backlog = 0
+        await svc._read_definitions(cast(Any, reader))
+        assert reader.consumed == 1 and [leader.drained for leader in full] == [1, 1]
+
+    asyncio.run(scenario())
+
+
+def test_the_service_hands_freed_memory_back_to_the_system() -> None:
+    """After a takeover the heaps hold what the batches freed: malloc_trim (glibc) returns
+    it; RSS is read from /proc. On this platform (Linux, glibc) both work."""
+    from cronstream.services.scheduler.service import release_free_memory, rss_bytes
+
+    garbage = [bytes(1000) for _ in range(20_000)]
+    del garbage
+    assert release_free_memory() is True
+    assert rss_bytes() > 10 * 2**20

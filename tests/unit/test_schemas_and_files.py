@@ -12,6 +12,7 @@ import pytest
 from cronstream.definitions import check_dags, load_definitions
 from cronstream.errors import DefinitionError
 from cronstream.handlers import Context, Upstream, UpstreamResult
+from cronstream.shared.fast_records import FastTriggerEvent
 from cronstream.shared.schemagen import MODELS, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def test_examples_are_valid() -> None:
     assert {d.type for d in definitions} >= {"CRON", "INTERVAL"}
     pipeline = load_definitions(ROOT / "examples" / "pipeline.yaml")
     check_dags(pipeline, {d.job_id: d for d in definitions})
-    assert [d.type for d in pipeline] == ["CRON", "DEPENDENT", "DEPENDENT"]
+    assert [d.type for d in pipeline] == ["CRON", "DEPENDENT", "DEPENDENT", "EVENT"]
 
 
 def test_the_example_pipeline_passes_its_data_along() -> None:
@@ -49,6 +50,13 @@ def test_the_example_pipeline_passes_its_data_along() -> None:
     loaded = steps.load(context({}, {"example.pipeline.transform": transformed}, root))
     assert transformed == {"rows": [{"region": "eu", "n": 0}, {"region": "eu", "n": 10}]}
     assert (loaded["loaded"], loaded["region"]) == (2, "eu")
+    # The audit's records: the loads' COMPLETED events, as the trigger hands them over.
+    completed = [FastTriggerEvent(topic="cronstream.execution-events", partition=0, offset=o,
+                                  timestamp=datetime.now(UTC), value={"status": "COMPLETED", "result": r})
+                 for o, r in ((4, loaded), (9, {**loaded, "region": "us"}))]
+    audit = context({}, {}, {})
+    audit._events = completed
+    assert steps.audit(audit) == {"audited": 2, "regions": ["eu", "us"], "offsets": [4, 9]}
 
 
 def test_multi_document_yaml_lists_and_jobs_key(tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ from Kafka at most once a period, each shard's roles, escaped)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,12 +17,12 @@ from starlette.requests import Request
 
 from cronstream.errors import UnavailableError
 from cronstream.services.scheduler.clock import Clock
-from cronstream.shared.records import JobDefinition
+from cronstream.shared.records import JobDefinition, Pool
 from cronstream.shared.schedule import from_epoch_ms, to_epoch_ms
 from cronstream.ui import graph, views
 from cronstream.ui.app import template_env
 from cronstream.ui.auth import CSRF_COOKIE, SESSION_COOKIE, Auth
-from cronstream.ui.present import clip, duration, local, spark, status_class, utc
+from cronstream.ui.present import ago, clip, duration, local, spark, status_class, utc
 from cronstream.ui.schedulers import (
     CACHE_SECONDS,
     Membership,
@@ -174,6 +176,10 @@ def test_values_as_shown() -> None:
     assert utc(t) == "2026-01-15 08:30:00.250Z"
     assert local(t, "Europe/Berlin") == "2026-01-15 09:30:00 CET (Europe/Berlin)"
     assert local(t, "UTC") == "" and local(t, "Not/AZone") == ""
+    # PostgreSQL's -infinity and infinity as asyncpg returns them (naive, year 1 and 9999):
+    # a next run being re-planned is not known yet, and the page must not fail on it.
+    for endless in (datetime(1, 1, 1), datetime(9999, 12, 31, 23, 59, 59, 999_999)):
+        assert (utc(endless), ago(endless, t), local(endless, "Europe/Berlin")) == ("-", "-", "")
     assert [duration(x) for x in (0.2, 12.34, 125, 7300, None)] == ["200 ms", "12.3 s", "2m 05s", "2h 01m", "-"]
     assert clip("x" * 10, 5) == "xxxx…"
     assert status_class("RUNNING") == "st-running" and status_class('"><script>') == "st-unknown"
@@ -294,3 +300,90 @@ def test_the_schedulers_page_names_every_role_and_escapes_what_kafka_clients_cal
     finally:
         empty.close()
     assert "No scheduler is running: none of the 16 shards fires." in none
+
+
+def test_the_runs_page_shows_why_an_execution_waits_escaped() -> None:
+    rows = template_env().get_template("_runs.html").module.rows  # type: ignore[attr-defined]
+    waiting = {"execution_id": "e1", "job_id": "export", "status": "WAITING", "attempt_number": 1,
+               "delivery": 1, "scheduled_at": T0, "waiting_reason": "pool <etl>: 2 of 2 slots in use"}
+    html = str(rows([waiting], "waiting"))
+    assert "pool &lt;etl&gt;: 2 of 2 slots in use" in html and "st-waiting" in html
+
+
+def test_the_pools_page_shows_each_pools_holders_and_waiters() -> None:
+    held = {"execution_id": "e1", "job_id": "load", "status": "RUNNING", "attempt_number": 1,
+            "scheduled_at": T0, "queued_at": T0, "started_at": T0, "worker_id": "w1",
+            "waiting_reason": None, "pool": "etl", "slots": 2}
+    waiting = {**held, "execution_id": "e2", "status": "WAITING", "worker_id": None,
+               "started_at": None, "waiting_reason": "pool etl: 2 of 2 slots in use", "slots": 1}
+
+    class Store:
+        async def fetch(self, name: str, *args: Any) -> list[dict[str, Any]]:
+            assert name == "pool_executions"
+            return [held, waiting]
+
+    known = {"etl": Pool(pool="etl", slots=2, description="the <warehouse>"), "idle": Pool(pool="idle", slots=3)}
+    context = asyncio.run(views.pools(Store(), known))  # type: ignore[arg-type]
+    etl, idle = context["pools"]
+    assert (etl["pool"], etl["slots"], etl["in_use"], len(etl["holders"]), len(etl["waiters"])) == \
+        ("etl", 2, 2, 1, 1)
+    assert (idle["pool"], idle["in_use"], idle["holders"]) == ("idle", 0, [])
+    html = template_env().get_template("pools.html").render(
+        **context, identity=None, actions_enabled=False, can_act=False, csrf_field="csrf",
+        csrf_token="t", login_possible=False, notice="", path="/pools", here="/pools")
+    assert "2 of 2 slots in use" in html and "pool etl: 2 of 2 slots in use" in html
+    assert "the &lt;warehouse&gt;" in html  # the description, escaped
+    unknown = asyncio.run(views.pools(Store(), None))  # type: ignore[arg-type]
+    assert unknown["pools"][0]["slots"] is None and not unknown["sizes_known"]
+
+
+def test_an_event_jobs_page_says_what_triggers_it_and_shows_its_trigger_behind_alert() -> None:
+    definition = JobDefinition.model_validate({
+        "job_id": "orders-in", "type": "EVENT", "handler": "noop",
+        "event": {"topic": "shop.orders", "filter": 'value.kind == "<paid>"',
+                  "batch": {"max_events": 100, "max_wait_seconds": 5}}})
+    row = {**json.loads(definition.model_dump_json()), "definition": definition.model_dump_json(),
+           "params": "{}", "deleted_at": None, "created_by": "ops", "updated_at": None, "version": 1,
+           "next_execution_at": None, "enabled": True}
+    alert = {"fired_at": T0, "kind": "TRIGGER_BEHIND", "state": "FIRING", "execution_id": None,
+             "summary": "event trigger orders-in falls behind shop.orders: 4200 records in no run yet",
+             "error_message": None}
+
+    class Store:
+        async def fetchrow(self, name: str, *args: Any) -> dict[str, Any] | None:
+            return row if name == "job" else None
+
+        async def fetch(self, name: str, *args: Any) -> list[dict[str, Any]]:
+            return [alert] if name == "job_alerts" else []
+
+    context = asyncio.run(views.job(Store(), "orders-in", {}))  # type: ignore[arg-type]
+    assert context["fires"] == []
+    html = page("job.html", **context)
+    text = re.sub(r"<[^>]+>", "", html)
+    assert "records of shop.orders where value.kind == &#34;&lt;paid&gt;&#34;: up to 100 per run, " \
+           "waiting at most 5.0 s after the first; from the latest records" in text
+    assert "Runs when matching records arrive on its topic" in text
+    assert "TRIGGER_BEHIND" in text and "4200 records in no run yet" in text
+    assert "<th>schedule</th>" not in html  # an EVENT job has none ("after" nothing, before)
+
+
+def test_an_event_runs_page_lists_its_records_positions() -> None:
+    execution = {"execution_id": "e1", "job_id": "orders-in", "run_id": "r1", "status": "COMPLETED",
+                 "attempt_number": 1, "delivery": 1, "reason": "EVENT", "scheduled_at": T0,
+                 "queued_at": T0, "started_at": T0, "completed_at": T0, "result_chars": 0}
+    records = [{"topic": "shop.orders", "partition": 2, "offset": 41 + i,
+                "written_at": T0, "key": None if i else "<k>"} for i in range(2)]
+
+    class Store:
+        async def fetchrow(self, name: str, *args: Any) -> dict[str, Any] | None:
+            return execution if name == "execution" else None
+
+        async def fetch(self, name: str, *args: Any) -> list[dict[str, Any]]:
+            return records if name == "execution_trigger_records" else []
+
+    context = asyncio.run(views.execution(Store(), uuid.uuid4()))  # type: ignore[arg-type]
+    html = page("execution.html", **context)
+    rows = re.findall(r"<tr><td>shop\.orders</td>.*?</tr>", html)
+    assert len(rows) == 2 and ">41<" in rows[0] and ">42<" in rows[1]
+    assert "&lt;k&gt;" in rows[0]  # a key is shown as text, escaped
+    assert "<td>2026-06-01 12:00:00Z</td>" in rows[0]  # when it was written, as times are shown

@@ -52,7 +52,7 @@ function counted(attribute) {
   }
   const state = document.getElementById("live-state");
   follow(section.getAttribute("data-live"), "runs", function (view) {
-    for (const name of ["running", "queued", "awaiting", "recent"]) {
+    for (const name of ["running", "queued", "waiting", "awaiting", "recent"]) {
       const body = section.querySelector('tbody[data-section="' + name + '"]');
       if (body && typeof view[name] === "string") {
         body.innerHTML = view[name];
