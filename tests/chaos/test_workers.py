@@ -27,6 +27,7 @@ from tests.chaos.harness import (
 from tests.support import eventually
 
 KILL_SPACING = DEAD_AFTER_SECONDS + 10  # each kill recovers before the next
+LAST_CATCH_SECONDS = 30.0  # how long the last kill that can still be caught inside tries
 
 
 def _busy(run: ChaosRun, name: str) -> bool:
@@ -73,7 +74,8 @@ def test_worker_sigkill_mid_run_repeated(chaos_run: RunFactory) -> None:
     run = chaos_run("worker_kill")
     run.start_system()
     count = int(short_or_full(2, 4))
-    run.start_load(10 + count * KILL_SPACING + 5)
+    # The load outlasts the last kill's longer catch (below) too.
+    run.start_load(10 + count * KILL_SPACING + 5 + LAST_CATCH_SECONDS)
     kills: list[tuple[str, datetime, datetime]] = []
     inside = 0
     for i in range(count):
@@ -84,7 +86,11 @@ def test_worker_sigkill_mid_run_repeated(chaos_run: RunFactory) -> None:
         frozen = utcnow()  # the first SIGSTOP, if any: nothing ships from here on
         # Half the kills are caught inside an open transaction (a catch that fails is tried
         # again at the next kill); the others land anywhere.
-        if inside < (count + 1) // 2 and _stop_inside_a_transaction(run, name):
+        # The last kill that can still make the count tries longer: a busy 2-core machine
+        # (CI) once missed both 12 s catches of the short form.
+        last_chance = inside + (count - i) <= (count + 1) // 2
+        budget = LAST_CATCH_SECONDS if last_chance else 12.0
+        if inside < (count + 1) // 2 and _stop_inside_a_transaction(run, name, budget):
             inside += 1
         run.supervisor.signal(name, signal.SIGKILL, group=True)
         kills.append((name, frozen, utcnow()))
