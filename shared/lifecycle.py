@@ -17,6 +17,7 @@ import ctypes.util
 import faulthandler
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -129,6 +130,8 @@ def _exit(code: int) -> int:
 
 
 _watchdog: dict[str, threading.Timer] = {}
+# How long after its watchdog the kernel ends a process whose watchdog could not run.
+ALARM_AFTER_WATCHDOG_SECONDS = 5
 _loops: set[asyncio.AbstractEventLoop] = set()  # the services' event loops (dump_stacks)
 
 
@@ -151,6 +154,13 @@ def arm_shutdown_watchdog(seconds: float, reason: str) -> None:
     timer = _watchdog["timer"] = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
+    # The timer is Python: a C call that hangs holding the GIL (a fenced producer's
+    # destruction in librdkafka) stops it too (a fenced worker once outlived its 30 s
+    # watchdog by minutes). The kernel's alarm needs no GIL: SIGALRM, left at its default
+    # action, ends the process a few seconds after the timer should have.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(math.ceil(seconds) + ALARM_AFTER_WATCHDOG_SECONDS)
 
 
 def dump_stacks(out: TextIO) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -280,6 +281,40 @@ def test_a_service_that_fails_with_a_thread_stuck_still_exits_and_says_where() -
     output = done.stdout + done.stderr
     assert "action=shutdown_overdue" in output and "reason=RuntimeError" in output
     assert "stuck_for_an_hour" in output, "the stuck thread's stack is in the log"
+
+
+STUCK_HOLDING_THE_GIL = """
+import asyncio, ctypes, sys, time
+from cronstream.shared.health import Health
+from cronstream.shared.lifecycle import run_service
+from cronstream.shared.settings import Settings
+
+def stuck_holding_the_gil():
+    time.sleep(0.5)  # the watchdog is armed meanwhile
+    ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL (PyDLL does not release it)
+
+class Fenced:
+    name = "worker"
+    shutdown_seconds = 1.0
+    def __init__(self):
+        self.health = Health("worker")
+    async def run(self, stopping):
+        asyncio.get_running_loop().run_in_executor(None, stuck_holding_the_gil)
+        raise RuntimeError("fenced")
+
+sys.exit(run_service(Fenced(), Settings(http_port=0, http_bind="127.0.0.1")))
+"""
+
+
+def test_a_service_stuck_in_a_call_that_holds_the_gil_still_exits() -> None:
+    """The watchdog's timer is Python: a C call that never returns and keeps the GIL (a
+    fenced producer's destruction) stops it too. The kernel's alarm, armed with it, still
+    ends the process a few seconds after the watchdog should have."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK_HOLDING_THE_GIL], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == -signal.SIGALRM, done.stderr
+    assert time.monotonic() - started < 30
 
 
 class _SessionEnds:
