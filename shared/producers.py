@@ -108,6 +108,10 @@ class _Blocking:
         self.producer = Producer(conf)
 
     def init(self, timeout: float) -> None:
+        # Connected first: a transactional producer that asks for its id before its broker
+        # connection is up retries on librdkafka's 500 ms timer (a new shard leader
+        # waited ~0.5 s for its fence one time in three; connected first, never: issue 55).
+        self.producer.list_topics(timeout=timeout)
         self._retry(lambda: self.producer.init_transactions(timeout), "init_transactions")
 
     def commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None,

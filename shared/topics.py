@@ -17,7 +17,7 @@ the queues they use, with the same settings.
 | trigger-state      | S          | compact        | job_id (an EVENT job's)      |
 | scheduler-members  | 1          | delete 1 h     | (nothing: a group's topic)   |
 | dispatcher-state   | P          | compact        | job_id (partition of the job)|
-| admissions         | P          | delete 7 d     | pool (flow control's requests)|
+| admissions         | P          | delete 7 d     | job_id (flow control requests)|
 | commands           | 1          | delete 1 d     | execution_id                 |
 | alerts             | 1          | delete 14 d    | job_id                       |
 | calendars          | 1          | compact        | calendar_id                  |

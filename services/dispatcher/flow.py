@@ -12,6 +12,10 @@ forwarded there (docs/decisions/0056). The decisions themselves are admission.py
 3. A terminal event of a followed job, read on its job's partition, ends what the
    execution holds or waits for: at once when its admission is local, else by an `end`
    request on `admissions` (and the route is tombstoned).
+
+An `ask` request is the JobDue itself, byte for byte (key: the job_id): re-encoding the
+due inside another record cost more than the admission's decision (issue 57). An `end`
+request is `{"execution_id": ...}`, marked by the `cronstream-admission: end` header.
 4. After each batch, and when a rate limit or a pool's new size lets one start, each
    owned partition's Admission admits what may start now.
 
@@ -25,10 +29,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
-
-from pydantic import BaseModel, ConfigDict
 
 from cronstream.services.dispatcher.admission import PREFIX, Admission, Ask, key_of
 from cronstream.shared.fast_records import DueRecord
@@ -51,17 +53,31 @@ def ask_of(due: DueRecord, raw: bytes) -> Ask:
                due=raw.decode())
 
 
-class AdmissionRequest(BaseModel):
-    """A record of the internal `admissions` topic (key: the pool): an execution asks to
-    start, or one that asked ended."""
+# `admissions` records (internal, key: the job_id). An execution that asks to start is
+# its JobDue, byte for byte (as the work record is): the admission partition decodes it
+# once and asks with what it says. One that asked and ended is a small JSON object, marked
+# by this header.
+END_HEADER = "cronstream-admission"
+END_MARK = b"end"
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = 1
-    kind: Literal["ask", "end"]
-    ask: Ask | None = None
-    execution_id: UUID | None = None
-    job_id: str | None = None
+def end_request(execution_id: UUID, job_id: str) -> tuple[bytes, bytes]:
+    """The key and value of an `end` request."""
+    return job_id.encode(), json.dumps({"execution_id": str(execution_id)}).encode()
+
+
+def is_end(headers: Any) -> bool:
+    """Whether a record's headers (confluent-kafka's list of pairs, or None) mark an end."""
+    return isinstance(headers, list) and any(
+        k == END_HEADER and v == END_MARK for k, v in headers)
+
+
+def ended(value: bytes | None) -> UUID:
+    """The execution an `end` request names (ValueError when it names none)."""
+    try:
+        return UUID(json.loads(value or b"")["execution_id"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not an end request: {exc}") from exc
 
 
 @dataclass

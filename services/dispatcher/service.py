@@ -34,7 +34,16 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from cronstream.services.dispatcher.admission import PREFIX as FLOW_PREFIX
 from cronstream.services.dispatcher.admission import Ask
 from cronstream.services.dispatcher.dedupe import KEY_PREFIX, SeenDues
-from cronstream.services.dispatcher.flow import AdmissionRequest, Flow, ask_of, limited
+from cronstream.services.dispatcher.flow import (
+    END_HEADER,
+    END_MARK,
+    Flow,
+    ask_of,
+    end_request,
+    ended,
+    is_end,
+    limited,
+)
 from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
@@ -390,17 +399,17 @@ class DispatcherService:
         if home != arrived_on:
             assert due.job.pool is not None
             self.flow.route(arrived_on, due.execution_id, due.job_id, due.job.pool)
-            request = AdmissionRequest(kind="ask", ask=ask)
-            return [OutRecord(self.topics.admissions, due.job.pool.encode(),
-                              request.model_dump_json().encode(), hop.headers, partition=home)]
+            return [OutRecord(self.topics.admissions, msg.key(), msg.value(), hop.headers,
+                              partition=home)]
         self.flow.followed.add(due.job_id)
-        return self._decide(ask, home, due, hop.headers)
+        return self._decide(ask, home, due, msg.value(), hop.headers)
 
-    def _decide(self, ask: Ask, home: int, due: DueRecord, headers: Any) -> list[OutRecord]:
+    def _decide(self, ask: Ask, home: int, due: DueRecord, raw: bytes | None,
+                headers: Any) -> list[OutRecord]:
         started, reason = self.flow.core(home).ask(ask, time.time())
         if started:
             self._decided["ADMITTED"] += 1
-            return self._queue(due, ask.due.encode(), headers)
+            return self._queue(due, raw, headers)
         self._decided["WAITING"] += 1
         log(logger, "execution_waiting", job_id=due.job_id, execution_id=str(due.execution_id),
             waiting_reason=reason)
@@ -410,26 +419,23 @@ class DispatcherService:
                             triggered_by=due.triggered_by, waiting_reason=reason)]
 
     def _request(self, msg: Message, work: _Work) -> None:
-        """A request on `admissions`, at the partition that decides its pool."""
-        try:
-            request = AdmissionRequest.model_validate_json(msg.value() or b"")
-        except ValueError as exc:
-            log(logger, "admission_request_skipped", logging.WARNING, error=str(exc)[:300])
-            return
+        """A request on `admissions`, at the partition that decides its pool: an `end`, or
+        a JobDue asking to start (flow.py)."""
         home = position(msg)[1]
-        if request.kind == "end" and request.execution_id is not None:
-            self.flow.core(home).end(request.execution_id)
+        if is_end(msg.headers()):
+            try:
+                self.flow.core(home).end(ended(msg.value()))
+            except ValueError as exc:
+                log(logger, "admission_request_skipped", logging.WARNING, error=str(exc)[:300])
             return
-        if request.ask is None:
-            return
-        ask = request.ask
-        self.flow.followed.add(ask.job_id)
+        raw = msg.value() or b""
         try:
-            due = decode_due(ask.due.encode(), ask.job_id.encode())
+            due = decode_due(raw, msg.key())
         except DecodeError as exc:
             log(logger, "admission_request_skipped", logging.WARNING, error=str(exc)[:300])
             return
-        work.records.extend(self._decide(ask, home, due, msg.headers()))
+        self.flow.followed.add(due.job_id)
+        work.records.extend(self._decide(ask_of(due, raw), home, due, raw, msg.headers()))
         if due.job.queue not in self._queues:
             work.new_queues.add(due.job.queue)
 
@@ -466,11 +472,10 @@ class DispatcherService:
             return
         pool = self.flow.unroute(partition, event.execution_id)
         if pool is not None:
-            request = AdmissionRequest(kind="end", execution_id=event.execution_id,
-                                       job_id=event.job_id)
+            key, value = end_request(event.execution_id, event.job_id)
             work.records.append(OutRecord(
-                self.topics.admissions, pool.encode(), request.model_dump_json().encode(),
-                new_headers(), partition=self.flow.home_of_pool(pool)))
+                self.topics.admissions, key, value, [*new_headers(), (END_HEADER, END_MARK)],
+                partition=self.flow.home_of_pool(pool)))
 
     def _event(self, due: DueRecord, hop: Hop | _Headers, status: ExecutionStatus,
                **fields: Any) -> OutRecord:
