@@ -36,12 +36,10 @@ from __future__ import annotations
 import json
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
-
-from pydantic import BaseModel, ConfigDict
 
 from cronstream.shared.condition import parse_expression
 from cronstream.shared.records import Concurrency, parse_rate_limit
@@ -65,12 +63,12 @@ def key_of(concurrency: Concurrency | Any | None, params: Mapping[str, Any]) -> 
     return f"{concurrency.key.removeprefix('params.')}={text}"
 
 
-class Ask(BaseModel):
-    """An execution that asks to start, with its limits (from its JobDue's snapshot)."""
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """An execution that asks to start, with its limits (from its JobDue's snapshot). A
+    plain dataclass, not a model: one is made per limited execution on the dispatcher's
+    hot path, and only a waiting one is ever written (`to_json`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    seq: int = 0  # the arrival order within the partition (set by `ask`)
     execution_id: UUID
     job_id: str
     key: str = ""
@@ -79,16 +77,25 @@ class Ask(BaseModel):
     pool: str | None = None
     slots: int = 1
     due: str = ""  # the JobDue to queue when admitted (opaque here)
+    seq: int = 0  # the arrival order within the partition (set by `ask`)
 
     @property
     def lane(self) -> Lane:
         return (self.job_id, self.key)
 
+    def to_json(self) -> bytes:
+        return json.dumps({**_fields(self), "execution_id": str(self.execution_id)},
+                          separators=(",", ":")).encode()
 
-class Hold(BaseModel):
+    @classmethod
+    def from_json(cls, value: bytes) -> Ask:
+        data = json.loads(value)
+        return cls(**{**data, "execution_id": UUID(data["execution_id"])})
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
     """What an admitted execution holds until it ends."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     execution_id: UUID
     job_id: str
@@ -99,6 +106,19 @@ class Hold(BaseModel):
     @property
     def lane(self) -> Lane:
         return (self.job_id, self.key)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**_fields(self), "execution_id": str(self.execution_id)},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, value: bytes) -> Hold:
+        data = json.loads(value)
+        return cls(**{**data, "execution_id": UUID(data["execution_id"])})
+
+
+def _fields(record: Ask | Hold) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
 @dataclass
@@ -131,7 +151,7 @@ class Admission:
             return False, self.reason(waiting, now)
         lane = self.waiting.get(ask.lane)
         self.seq += 1
-        ask = ask.model_copy(update={"seq": self.seq})
+        ask = replace(ask, seq=self.seq)
         blocked = self.blocked(ask, now) if lane is None else self.reason(lane[0], now)
         if blocked is None:
             self._start(ask, now)
@@ -142,7 +162,7 @@ class Admission:
         ahead = len(lane)
         lane.append(ask)
         self.where[ask.execution_id] = ask.lane
-        self.dirty[f"{_WAIT}{ask.execution_id}"] = ask.model_dump_json().encode()
+        self.dirty[f"{_WAIT}{ask.execution_id}"] = ask.to_json()
         return False, blocked if not ahead else f"{blocked}; {ahead} earlier waiting"
 
     def admit(self, now: float) -> list[Ask]:
@@ -262,7 +282,7 @@ class Admission:
         self.running[ask.lane] += 1
         if ask.pool is not None:
             self.in_use[ask.pool] += ask.slots
-        self.dirty[f"{_HOLD}{ask.execution_id}"] = hold.model_dump_json().encode()
+        self.dirty[f"{_HOLD}{ask.execution_id}"] = hold.to_json()
         if ask.rate_limit is not None:
             count, window = parse_rate_limit(ask.rate_limit)
             log = self.starts.setdefault(ask.lane, deque(maxlen=min(count, MAX_RATE_LOG)))
@@ -277,7 +297,7 @@ class Admission:
 
     def drain_dirty(self) -> list[tuple[str, bytes | None]]:
         """(key, value or None for a tombstone) of what changed since the last drain."""
-        out = sorted(self.dirty.items())
+        out = list(self.dirty.items())  # in change order: one record per key, any order
         self.dirty.clear()
         return out
 
@@ -291,13 +311,13 @@ class Admission:
             if value is None:
                 continue
             if key.startswith(_HOLD):
-                hold = Hold.model_validate_json(value)
+                hold = Hold.from_json(value)
                 self.holds[hold.execution_id] = hold
                 self.running[hold.lane] += 1
                 if hold.pool is not None:
                     self.in_use[hold.pool] += hold.slots
             elif key.startswith(_WAIT):
-                asks.append(Ask.model_validate_json(value))
+                asks.append(Ask.from_json(value))
             elif key.startswith(_RATE):
                 job_id, _, lane_key = key[len(_RATE):].partition("/")
                 recent = json.loads(value)

@@ -120,8 +120,8 @@ class Flow:
         """(key, partition, value or None) of every changed flow record."""
         out = [(key, p, value) for p, core in sorted(self.cores.items())
                for key, value in core.drain_dirty()]
-        out += [(key, p, value) for p, changes in sorted(self.route_dirty.items())
-                for key, value in sorted(changes.items())]
+        out += [(key, p, value) for p, changes in self.route_dirty.items()
+                for key, value in changes.items()]
         self.route_dirty.clear()
         return out
 

@@ -48,7 +48,14 @@ from cronstream.services.dispatcher.policy import PolicyState
 from cronstream.shared import metrics
 from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import DecodeError
-from cronstream.shared.fast_records import DueRecord, EventRecord, as_model, decode_due, decode_event
+from cronstream.shared.fast_records import (
+    DueRecord,
+    EventRecord,
+    as_model,
+    decode_due,
+    decode_event,
+    status_of,
+)
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7
 from cronstream.shared.inbound import Batch, Inbound
@@ -70,10 +77,12 @@ from cronstream.shared.records import (
     render_event,
 )
 from cronstream.shared.settings import Settings
-from cronstream.shared.statuses import TERMINAL
+from cronstream.shared.statuses import TERMINAL, Status
 from cronstream.shared.telemetry import Hop, messaging, new_headers, recording
 
 logger = logging.getLogger(__name__)
+# The statuses that end nothing flow control holds (an unreadable one is decoded whole).
+NOT_ENDED = frozenset(str(s) for s in Status) - TERMINAL
 
 SERVICE = "dispatcher"
 # Batches (transactions) start at least this far apart. A transaction costs the broker
@@ -525,7 +534,11 @@ class DispatcherService:
         or flow control — are not even decoded."""
         key = msg.key()
         job_id = None if key is None else key.decode("utf-8", "replace")
-        if job_id is None or (job_id not in self.policy.jobs and job_id not in self.flow.followed):
+        if job_id is None:
+            return
+        # Flow control only needs the ends: the others are passed over unread.
+        if job_id not in self.policy.jobs and (
+                job_id not in self.flow.followed or status_of(msg.value()) in NOT_ENDED):
             return
         try:
             event = decode_event(msg.value(), msg.key())  # the common events: msgspec (0018)

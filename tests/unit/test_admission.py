@@ -3,6 +3,7 @@ hold, keys are served in order and fairly, and every way an execution ends settl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import uuid
@@ -112,7 +113,7 @@ def test_a_cancelled_waiting_execution_releases_nothing_and_a_requeue_keeps_its_
     running, waiting = ask(pool="etl"), ask(pool="etl")
     admission.ask(running, NOW)
     admission.ask(waiting, NOW)
-    assert admission.withdraw(waiting.execution_id) == waiting.model_copy(update={"seq": 2})
+    assert admission.withdraw(waiting.execution_id) == dataclasses.replace(waiting, seq=2)
     assert admission.in_use_of("etl") == 1 and admission.waiting_count() == 0
     # A dead worker's requeue is not an end: the same execution asks nothing and keeps
     # its hold; asking again (a redelivered JobDue) is a no-op.
