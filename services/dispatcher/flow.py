@@ -6,12 +6,13 @@ forwarded there (docs/decisions/0056). The decisions themselves are admission.py
    partition it arrived on (its job's).
 2. Asked on its own partition, it is decided at once by that partition's Admission: it
    starts (QUEUED and the work record) or waits (WAITING, with the reason).
-   Otherwise it is forwarded as an `ask` request on `admissions` to the admission
-   partition, and the job's partition keeps a route (`flow:route:<execution_id>`: the
-   pool) to forward the execution's end there later.
+   Otherwise the job's partition keeps a route (`flow:route:<execution_id>`: the pool)
+   to settle the execution's end there later, and the ask is decided at once too when
+   this dispatcher owns the admission partition (one transaction holds both partitions'
+   changes), else forwarded as an `ask` request on `admissions` to its owner.
 3. A terminal event of a followed job, read on its job's partition, ends what the
-   execution holds or waits for: at once when its admission is local, else by an `end`
-   request on `admissions` (and the route is tombstoned).
+   execution holds or waits for: at once when its admission partition is this
+   dispatcher's, else by an `end` request on `admissions` (and the route is tombstoned).
 
 An `ask` request is the JobDue itself, byte for byte (key: the job_id): re-encoding the
 due inside another record cost more than the admission's decision (issue 57). An `end`

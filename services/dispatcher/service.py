@@ -408,8 +408,11 @@ class DispatcherService:
         if home != arrived_on:
             assert due.job.pool is not None
             self.flow.route(arrived_on, due.execution_id, due.job_id, due.job.pool)
-            return [OutRecord(self.topics.admissions, msg.key(), msg.value(), hop.headers,
-                              partition=home)]
+            if home not in self._owned:
+                return [OutRecord(self.topics.admissions, msg.key(), msg.value(), hop.headers,
+                                  partition=home)]
+            # The pool's partition is this dispatcher's too: decided here, its state in this
+            # batch's transaction with the JobDue's offset (no hop through `admissions`).
         self.flow.followed.add(due.job_id)
         return self._decide(ask, home, due, msg.value(), hop.headers)
 
@@ -480,7 +483,9 @@ class DispatcherService:
         if self.flow.core(partition).end(event.execution_id):
             return
         pool = self.flow.unroute(partition, event.execution_id)
-        if pool is not None:
+        if pool is not None and self.flow.home_of_pool(pool) in self._owned:
+            self.flow.core(self.flow.home_of_pool(pool)).end(event.execution_id)
+        elif pool is not None:
             key, value = end_request(event.execution_id, event.job_id)
             work.records.append(OutRecord(
                 self.topics.admissions, key, value, [*new_headers(), (END_HEADER, END_MARK)],

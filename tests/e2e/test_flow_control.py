@@ -1,5 +1,5 @@
 """Flow control through the real CLI, services, broker and database (decision 0056): a pool
-of 2 shared by jobs on different partitions never runs 3 at once; two keys of one job run
+of 2 shared by jobs on different partitions, under two dispatchers, never runs 3 at once; two keys of one job run
 side by side while each is serialised; every held-back execution is WAITING with its
 reason, and the slots in use return to 0 when all is done."""
 
@@ -16,7 +16,15 @@ import httpx
 from cronstream.client import Client
 from cronstream.shared.settings import Settings
 from tests.conftest import Processes
-from tests.support import ServiceProcess, cli, eventually, pool_slots_in_use, sql, start_ui
+from tests.support import (
+    ServiceProcess,
+    cli,
+    eventually,
+    pool_slots_in_use,
+    read_all,
+    sql,
+    start_ui,
+)
 from tests.support import most_at_once as spans_at_once
 
 
@@ -48,6 +56,11 @@ def test_a_pool_of_two_never_runs_three_and_its_slots_return_to_zero(
     processes: Processes, topics: Settings, tmp_path: Path,
 ) -> None:
     services = processes.system(worker_args=("--concurrency", "8"))
+    # Two dispatchers: the one that does not own the pool's partition forwards its jobs'
+    # asks and ends on `admissions` (the one that does decides its own at once).
+    second = processes.start("dispatcher", name="dispatcher-2")
+    second.wait_for_log("action=partitions_assigned")
+    dispatchers = [services["dispatcher"], second]
     done = cli(topics, "pool", "set", "etl", "--slots", "2", "--description", "the warehouse")
     assert done.returncode == 0, done.stderr
     listed = cli(topics, "pools", "-o", "json")
@@ -69,7 +82,9 @@ def test_a_pool_of_two_never_runs_three_and_its_slots_return_to_zero(
     reasons = [r["waiting_reason"] for r in finished if r["waiting_reason"]]
     assert reasons, "some runs were held back"
     assert all(reason.startswith("pool etl: 2 of 2 slots in use") for reason in reasons), reasons
-    eventually(lambda: slots_in_use(services["dispatcher"], "etl") == 0, 30,
+    assert read_all(topics, topics.topics.admissions), "asks crossed between the dispatchers"
+    eventually(lambda: [slots_in_use(d, "etl") or 0 for d in dispatchers] == [0, 0]
+               and any(slots_in_use(d, "etl") is not None for d in dispatchers), 30,
                message="the pool's slots in use return to 0")
     listed = cli(topics, "pools", "-o", "json")
     assert [(p["pool"], p["in_use"], p["waiting"], p["jobs"]) for p in json.loads(listed.stdout)] == \

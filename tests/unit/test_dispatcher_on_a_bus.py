@@ -25,15 +25,15 @@ SETTINGS = Settings(topic_prefix="u.", topic_partitions=3)
 T = SETTINGS.topics
 
 
-def dispatcher(bus: MemoryBus) -> DispatcherService:
+def dispatcher(bus: MemoryBus, owned: set[int] | None = None) -> DispatcherService:
     """A dispatcher on `bus` (its clients opened, none started) owning every job-due
-    partition, its state read from the bus."""
+    partition (or `owned`), its state read from the bus."""
     service = DispatcherService(SETTINGS, "d1", clients(bus))
 
     async def opened() -> None:
         service.open()
         service._queues = {"default"}
-        service._owned = {0, 1, 2}
+        service._owned = {0, 1, 2} if owned is None else owned
         await service._load_state(service._owned)
 
     asyncio.run(opened())

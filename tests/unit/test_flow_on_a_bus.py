@@ -78,29 +78,55 @@ def test_a_key_runs_one_at_a_time_and_the_next_is_queued_when_it_ends() -> None:
 
 
 def test_a_pool_is_admitted_at_its_partition_and_released_from_the_jobs_own() -> None:
+    """Two dispatchers: one owns the jobs' partitions, the other the pool's. Asks and ends
+    travel on `admissions`, and the pool's owner decides, across a restart."""
     bus = MemoryBus()
-    service = dispatcher(bus)
-    service.flow.pools[POOL] = 1
     home = shard_of(POOL, SETTINGS.topic_partitions)
     jobs = [j for j in (f"job{i}" for i in range(20)) if bus.partition_of(j.encode()) != home][:2]
+    forwarder, owner = dispatcher(bus, owned={0, 1, 2} - {home}), dispatcher(bus, owned={home})
+    owner.flow.pools[POOL] = 1
     a, b = due(jobs[0], pool=POOL), due(jobs[1], pool=POOL)
     since: dict[tuple[str, int], int] = {}
-    process(service, publish(bus, a), publish(bus, b))
+    process(forwarder, publish(bus, a), publish(bus, b))
     assert queued(bus) == [], "forwarded, not decided, on the jobs' partitions"
     requests = new(bus, T.admissions, since)
     assert {r.partition() for r in requests} == {home}
-    process(service, *requests)
+    process(owner, *requests)
+    assert queued(bus) == [str(a.execution_id)]
+    assert events(bus)[-1] == (str(b.execution_id), "WAITING", "pool etl: 1 of 1 slots in use")
+    forwarder = dispatcher(bus, owned={0, 1, 2} - {home})  # its routes are read back
+    process(forwarder, ended(bus, a, "FAILED"))  # any terminal status ends the hold
+    owner = dispatcher(bus, owned={home})  # and its holds and waiting line
+    owner.flow.pools[POOL] = 1
+    process(owner, *new(bus, T.admissions, since))
+    assert queued(bus) == [str(a.execution_id), str(b.execution_id)]
+    assert owner.flow.in_use() == {POOL: 1}
+    process(forwarder, ended(bus, b, "CANCELLED"))
+    process(owner, *new(bus, T.admissions, since))
+    assert owner.flow.in_use() == {}
+
+
+def test_a_dispatcher_that_owns_the_pools_partition_too_decides_without_a_hop() -> None:
+    """Owning the jobs' partitions and the pool's, a dispatcher decides an ask in the
+    batch that reads it and settles its end where it reads it: nothing on `admissions`,
+    and the holds and routes it wrote are read back after a restart."""
+    bus = MemoryBus()
+    home = shard_of(POOL, SETTINGS.topic_partitions)
+    jobs = [j for j in (f"job{i}" for i in range(20)) if bus.partition_of(j.encode()) != home][:2]
+    service = dispatcher(bus)
+    service.flow.pools[POOL] = 1
+    a, b = due(jobs[0], pool=POOL), due(jobs[1], pool=POOL)
+    process(service, publish(bus, a), publish(bus, b))
     assert queued(bus) == [str(a.execution_id)]
     assert events(bus)[-1] == (str(b.execution_id), "WAITING", "pool etl: 1 of 1 slots in use")
     restarted = dispatcher(bus)
     restarted.flow.pools[POOL] = 1
-    process(restarted, ended(bus, a, "FAILED"))  # any terminal status ends the hold
-    process(restarted, *new(bus, T.admissions, since))
-    assert queued(bus) == [str(a.execution_id), str(b.execution_id)]
     assert restarted.flow.in_use() == {POOL: 1}
-    process(restarted, ended(bus, b, "CANCELLED"))
-    process(restarted, *new(bus, T.admissions, since))
+    process(restarted, ended(bus, a))
+    assert queued(bus) == [str(a.execution_id), str(b.execution_id)]
+    process(restarted, ended(bus, b))
     assert restarted.flow.in_use() == {}
+    assert all(bus.end(T.admissions, p) == 0 for p in range(bus.partition_count(T.admissions)))
 
 
 def test_a_requeue_keeps_its_slot_and_a_rate_limit_wakes_the_dispatcher() -> None:
