@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,28 @@ def _flow(flow: list[dict[str, Any]] | None, at: str | None) -> list[str]:
            "execution of pooled jobs within 15 % of unpooled ones at 3,000/s.", "", RUN_HEAD]
     for cell in flow:
         out += [_run_row("unpooled", cell["unpooled"]), _run_row("pooled", cell["pooled"])]
-    out += [""] + [f"At {_n(c['offered_per_second'])}/s pooled costs "
+    out += [""] + [f"At {_n(c['offered_per_second'])}/s{_repeat(c)} pooled costs "
                    f"{_n(100 * (c['cpu_pooled_over_unpooled'] - 1), 1)} % more CPU per execution "
-                   "than unpooled." for c in flow if c.get("cpu_pooled_over_unpooled")]
+                   f"than unpooled (the dispatcher's share {_n(_cpu(c['pooled'], 'dispatcher'))} "
+                   f"against {_n(_cpu(c['unpooled'], 'dispatcher'))} µs)."
+                   for c in flow if c.get("cpu_pooled_over_unpooled")]
+    for rate in sorted({c["offered_per_second"] for c in flow}):
+        pairs = [c for c in flow if c["offered_per_second"] == rate and c.get("cpu_pooled_over_unpooled")]
+        if len(pairs) > 1:
+            plain = statistics.median(_cpu(c["unpooled"], "total") for c in pairs)
+            pooled = statistics.median(_cpu(c["pooled"], "total") for c in pairs)
+            out.append(f"At {_n(rate)}/s over the {len(pairs)} pairs, medians: pooled {_n(pooled)} "
+                       f"against unpooled {_n(plain)} µs per execution, "
+                       f"{_n(100 * (pooled / plain - 1), 1)} % more.")
     return [*out, ""]
+
+
+def _repeat(cell: dict[str, Any]) -> str:
+    return f" (pair {cell['repeat']})" if cell.get("repeat") else ""
+
+
+def _cpu(run: dict[str, Any], service: str) -> float:
+    return float(run["cpu_us_per_execution"].get(service) or 0.0)
 
 
 def _triggers(result: dict[str, Any]) -> list[str]:

@@ -218,22 +218,26 @@ DueRecord = JobDue | FastDue
 _EVENTS = msgspec.json.Decoder(FastEvent)
 
 
-class _StatusOnly(msgspec.Struct):
+class _Ending(msgspec.Struct):
     status: str
+    execution_id: UUID
 
 
-_STATUS = msgspec.json.Decoder(_StatusOnly)
+_ENDING = msgspec.json.Decoder(_Ending)
 
 
-def status_of(value: bytes | None) -> str | None:
-    """The top-level `status` of an execution event, the rest skipped unread (a fifth of a
-    whole decode); None when the record has none to read."""
+def ending_of(value: bytes | None) -> tuple[str, UUID] | None:
+    """The top-level `status` and `execution_id` of an execution event, the rest skipped
+    unread (a fifth of a whole decode); None when the record has none to read."""
     if value is None:
         return None
     try:
-        return _STATUS.decode(value).status
+        ending = _ENDING.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return ending.status, ending.execution_id
+
+
 _DUES = msgspec.json.Decoder(FastDue)
 _FINER_THAN_MICROSECONDS = re.compile(rb":\d\d\.\d{7}")
 

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
@@ -50,11 +51,10 @@ from cronstream.shared.clients import REAL, KafkaClients
 from cronstream.shared.codec import DecodeError
 from cronstream.shared.fast_records import (
     DueRecord,
-    EventRecord,
     as_model,
     decode_due,
     decode_event,
-    status_of,
+    ending_of,
 )
 from cronstream.shared.health import Health
 from cronstream.shared.ids import fast_uuid7
@@ -477,16 +477,16 @@ class DispatcherService:
                 if due.job.queue not in self._queues:
                     work.new_queues.add(due.job.queue)
 
-    def _ended(self, event: EventRecord, partition: int, work: _Work) -> None:
+    def _ended(self, execution_id: UUID, job_id: str, partition: int, work: _Work) -> None:
         """A terminal event of a followed job: what the execution held or waited for is
         settled, here or at its pool's partition."""
-        if self.flow.core(partition).end(event.execution_id):
+        if self.flow.core(partition).end(execution_id):
             return
-        pool = self.flow.unroute(partition, event.execution_id)
+        pool = self.flow.unroute(partition, execution_id)
         if pool is not None and self.flow.home_of_pool(pool) in self._owned:
-            self.flow.core(self.flow.home_of_pool(pool)).end(event.execution_id)
+            self.flow.core(self.flow.home_of_pool(pool)).end(execution_id)
         elif pool is not None:
-            key, value = end_request(event.execution_id, event.job_id)
+            key, value = end_request(execution_id, job_id)
             work.records.append(OutRecord(
                 self.topics.admissions, key, value, [*new_headers(), (END_HEADER, END_MARK)],
                 partition=self.flow.home_of_pool(pool)))
@@ -541,10 +541,16 @@ class DispatcherService:
         job_id = None if key is None else key.decode("utf-8", "replace")
         if job_id is None:
             return
-        # Flow control only needs the ends: the others are passed over unread.
-        if job_id not in self.policy.jobs and (
-                job_id not in self.flow.followed or status_of(msg.value()) in NOT_ENDED):
-            return
+        if job_id not in self.policy.jobs:
+            if job_id not in self.flow.followed:
+                return
+            # Flow control needs only the ends, and only their execution: read no more.
+            ending = ending_of(msg.value())
+            if ending is not None and ending[0] in NOT_ENDED:
+                return
+            if ending is not None and ending[0] in TERMINAL:
+                self._ended(ending[1], job_id, position(msg)[1], work)
+                return
         try:
             event = decode_event(msg.value(), msg.key())  # the common events: msgspec (0018)
         except DecodeError:
@@ -552,7 +558,7 @@ class DispatcherService:
         partition = position(msg)[1]
         self.policy.observe(event, partition)
         if event.status in TERMINAL and job_id in self.flow.followed:
-            self._ended(event, partition, work)
+            self._ended(event.execution_id, job_id, partition, work)
 
     # -- assignment: the state of the assigned partitions ---------------------------------
 

@@ -5,6 +5,7 @@ that name the field, in the SDK and the CLI."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -134,3 +135,22 @@ def test_describe_job_says_what_holds_its_executions_back(capsys: pytest.Capture
     assert "2 running at once per params.customer; pool etl (2 slots each); at most 100/m starts" in out
     _flow_fields(definition())
     assert capsys.readouterr().out == ""
+
+
+def test_the_dispatcher_reads_an_events_end_from_its_top_level_fields_only() -> None:
+    """Flow control reads only `status` and `execution_id` of a followed job's events
+    (fast_records.ending_of): a result or a message that holds the same names, nested or
+    in text, never stands for them."""
+    from cronstream.shared.fast_records import ending_of
+
+    d = JobDue(execution_id=uuid.uuid4(), job_id="job", run_id=uuid.uuid4(),
+               scheduled_at=datetime(2026, 11, 30, tzinfo=UTC), reason="MANUAL",
+               idempotency_key="k", job=JobSnapshot(handler="noop", pool="etl"))
+    completed = ExecutionEvent.for_due(
+        d, "COMPLETED", completed_at=datetime(2026, 11, 30, 0, 1, tzinfo=UTC),
+        result={"status": "RUNNING", "execution_id": str(uuid.uuid4())},
+        error_message='"status":"QUEUED"')
+    assert ending_of(completed.to_json()) == ("COMPLETED", d.execution_id)
+    running = ExecutionEvent.for_due(d, "RUNNING", worker_id="w", result={"status": "COMPLETED"})
+    assert ending_of(running.to_json()) == ("RUNNING", d.execution_id)
+    assert ending_of(b"not json") is None and ending_of(None) is None
