@@ -212,12 +212,21 @@ def broker_partitions(settings: Settings) -> dict[str, int]:
                             if name.startswith(settings.topic_prefix))}
 
 
+def _cpu_model() -> str | None:
+    try:
+        return next((line.split(":", 1)[1].strip() for line in
+                     Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+                    None)
+    except OSError:
+        return None
+
+
 def write_result(name: str, figures: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
                     "platform": platform.platform()},
         **figures,
     }

@@ -142,3 +142,13 @@ def test_the_stores_cheap_reads_survive_json_nested_deeper_than_a_parser_goes() 
     deep = b"[" * 100_000 + b"]" * 100_000
     assert kind_of(deep) == (None, None, None)
     assert retry_due_ms(deep) == 0
+
+
+def test_a_handover_commits_ahead_no_further_than_the_workers_hold_a_record() -> None:
+    """The fires a leaving leader commits ahead (SIGTERM) must be held by the workers until
+    their time, with room for clock skew: a record due further ahead than the workers hold
+    starts at once (decision 0027)."""
+    from cronstream.services.scheduler.leader import HAND_OVER_AHEAD_MS
+    from cronstream.services.worker.intake import HOLD_AT_MOST_SECONDS
+
+    assert 1_000 <= HAND_OVER_AHEAD_MS <= HOLD_AT_MOST_SECONDS * 1000 - 500
