@@ -13,12 +13,12 @@ forwarded there (docs/decisions/0056). The decisions themselves are admission.py
 3. A terminal event of a followed job, read on its job's partition, ends what the
    execution holds or waits for: at once when its admission partition is this
    dispatcher's, else by an `end` request on `admissions` (and the route is tombstoned).
+4. After each batch, and when a rate limit or a pool's new size lets one start, each
+   owned partition's Admission admits what may start now.
 
 An `ask` request is the JobDue itself, byte for byte (key: the job_id): re-encoding the
 due inside another record cost more than the admission's decision (issue 57). An `end`
 request is `{"execution_id": ...}`, marked by the `cronstream-admission: end` header.
-4. After each batch, and when a rate limit or a pool's new size lets one start, each
-   owned partition's Admission admits what may start now.
 
 `admissions` has as many partitions as `job-due` and is consumed by the dispatcher group,
 so the owner of partition i of `job-due` owns partition i of `admissions` and of
