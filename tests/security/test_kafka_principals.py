@@ -194,8 +194,9 @@ def test_every_part_runs_under_its_own_principal_and_nothing_more(
             assert "AUTHORIZATION_FAILED" not in proc.log(), f"{name} was refused something it needs"
     finally:
         procs.stop_all()
-    assert all(proc.proc.returncode == 0 for proc in procs.started), \
-        {p.name: p.proc.returncode for p in procs.started}
+    failed = {p.name: (p.proc.returncode, p.log()[-3000:]) for p in procs.started
+              if p.proc.returncode != 0}
+    assert not failed, failed  # each with the end of its log
 
     only_their_own_writes(broker, sasl)
 
