@@ -292,9 +292,19 @@ SINGLE_LEADER_1M = {"every_shard_led_after_seconds": 71.7, "rss_total_mb": 3319 
                     "rss_bytes_per_definition": 3300, "sigkill_p99_ms": 24_400}
 
 
-def _shards(runs: list[dict[str, Any]]) -> list[str]:
-    """The clock in shards (`bench/shards.py`): each run beside its bounds, and the single
-    leader of before at 1M."""
+def _earlier_rows(previous: str, heading: str, runs: list[dict[str, Any]]) -> list[str]:
+    """The rows of a table of runs as the file held them, but the first (the fixed
+    baseline) and those of the runs read now: earlier runs whose result files are gone
+    (another checkout, another machine) stay beside the new ones."""
+    section = _carried(previous, heading)
+    table = [line for line in section if line.startswith("| ") and not line.startswith("|---")]
+    now = {str(r.get("at")) for r in runs}
+    return [row for row in table[2:] if not any(at in row for at in now)]
+
+
+def _shards(runs: list[dict[str, Any]], earlier: list[str] | None = None) -> list[str]:
+    """The clock in shards (`bench/shards.py`): each run beside its bounds, the single
+    leader of before at 1M, and the rows of earlier runs the file held."""
     out = ["## The clock in shards (`bench/shards.py`)", "",
            "N definitions (70 % daily cron, 20 % long intervals, 10 % one-time up to ten years "
            "ahead) and 256 probes firing every second, over S shards on P scheduler processes "
@@ -322,6 +332,7 @@ def _shards(runs: list[dict[str, Any]]) -> list[str]:
                    f"{_n(r.get('sigterm', {}).get('latest_fire_ms'))} | "
                    f"{_n(r.get('burst', {}).get('all_committed_after_ms'))} | "
                    f"{_n(r.get('missed'))}{_after_cold_start(r)} / {_n(r.get('doubled'))} |")
+    out += earlier or []
     out.append("")
     return out
 
@@ -393,7 +404,8 @@ def render() -> str:
     lines += _triggers(triggers) if triggers else _carried(previous, "## Event triggers")
     shards = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("shards_*.json"))]
     if shards:
-        lines += _shards(sorted(shards, key=lambda r: r["params"]["definitions"]))
+        lines += _shards(sorted(shards, key=lambda r: r["params"]["definitions"]),
+                         _earlier_rows(previous, "## The clock in shards", shards))
     else:
         lines += _carried(previous, "## The clock in shards")
     lines += _others(previous)

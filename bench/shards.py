@@ -36,6 +36,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -148,6 +149,18 @@ def rss(procs: list[ServiceProcess]) -> dict[str, int]:
     return found
 
 
+def _tree() -> str | None:
+    """The commit measured (with a mark when the tree differs from it)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{commit} (with uncommitted changes)" if dirty else commit
+
+
 class Run:
     """One run of the benchmark: its system, its processes, its figures."""
 
@@ -168,6 +181,11 @@ class Run:
         self.result: dict[str, Any] = {"params": {
             "definitions": self.n, "shards": self.shards, "processes": self.count, "standbys": 1,
             "probes": PROBES, "session_timeout_ms": self.session_ms}}
+        # The tree measured and what the table should say of the run (BENCH_NOTE: a quiet
+        # machine or not, what changed), beside its figures in docs/benchmarks.md.
+        self.result["tree"] = _tree()
+        if os.environ.get("BENCH_NOTE"):
+            self.result["note"] = os.environ["BENCH_NOTE"]
 
     def mark(self, phase: str) -> None:
         self.phases.append((phase, int(time.time() * 1000)))
