@@ -5,6 +5,7 @@ Blocking calls: services run them in an executor."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Sequence
 
@@ -15,6 +16,24 @@ from cronstream.shared.kafka.config import client_config
 from cronstream.shared.kafka.errors import kafka_error
 from cronstream.shared.settings import Settings
 from cronstream.shared.topics import TopicSpec
+
+_KEPT: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept(settings: Settings) -> AdminClient:
+    """One admin client per cluster for the calls a service repeats while it runs, kept
+    for the life of the process. A client dropped with a request still waiting for a
+    broker aborts the process in librdkafka when the request's wait ends
+    (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`: a scheduler
+    asking its group's members through a broker restart, one chaos run in three)."""
+    conf = client_config(settings, "cronstream-admin")
+    key = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    with _KEPT_LOCK:
+        admin = _KEPT.get(key)
+        if admin is None:
+            admin = _KEPT[key] = AdminClient(conf)
+        return admin
 
 
 def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float = 30.0) -> list[str]:
@@ -75,7 +94,7 @@ def _wait_for_metadata(admin: AdminClient, names: list[str], timeout: float) -> 
 
 def topic_names(settings: Settings, timeout: float = 10.0) -> list[str]:
     """Every topic the cluster holds."""
-    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    admin = _kept(settings)
     return sorted(admin.list_topics(timeout=timeout).topics)
 
 
@@ -83,7 +102,7 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
     """The high watermark of each partition of `topic` (index = partition), asked of the
     partition leaders now: not the last stable offset, which another producer's open
     transaction holds back."""
-    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    admin = _kept(settings)
     partitions = sorted(admin.list_topics(topic, timeout).topics[topic].partitions)
     futures = admin.list_offsets(
         {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -95,7 +114,7 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
 
 def group_members(settings: Settings, group: str, timeout: float = 10.0) -> list[str]:
     """The client ids of a consumer group's live members (none while it is empty)."""
-    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    admin = _kept(settings)
     described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout + 5)
     return sorted(m.client_id for m in described.members)
 

@@ -156,8 +156,7 @@ def test_a_call_that_hangs_is_given_up_at_its_deadline() -> None:
 
 def test_a_replaced_transactional_producer_makes_no_call_after_the_one_under_way() -> None:
     # A commit that outlives its deadline gets its producer replaced; the old one, left on
-    # its lane, must not go on retrying against a broker that is away (librdkafka aborted
-    # the process when the broker came back: the chaos broker restart).
+    # its lane, must not go on retrying against a broker that is away.
     producer = TransactionalProducer({"bootstrap.servers": "127.0.0.1:9", "transactional.id": "unit-abandoned"})
     old = producer._blocking
     calls: list[int] = []
@@ -173,6 +172,15 @@ def test_a_replaced_transactional_producer_makes_no_call_after_the_one_under_way
     assert calls == [1]
     assert producer._blocking is not old and not producer._blocking.abandoned.is_set()
     asyncio.run(producer.close())
+
+
+def test_a_service_asks_the_cluster_through_one_admin_client_it_keeps() -> None:
+    # Dropping an admin client whose request still waits for a broker aborted a scheduler
+    # in librdkafka through a broker restart: the repeated calls share one client for good.
+    from cronstream.shared.kafka.admin import _kept
+    here = Settings(kafka_bootstrap_servers="127.0.0.1:9")
+    assert _kept(here) is _kept(Settings(kafka_bootstrap_servers="127.0.0.1:9"))
+    assert _kept(Settings(kafka_bootstrap_servers="127.0.0.1:10")) is not _kept(here)
 
 
 def test_log_lines_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
