@@ -8,6 +8,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
@@ -19,21 +22,32 @@ from cronstream.shared.topics import TopicSpec
 
 _KEPT: dict[tuple[tuple[str, str], ...], AdminClient] = {}
 _KEPT_LOCK = threading.Lock()
+# A request to a group's coordinator that times out in librdkafka while the coordinator
+# is away aborts the process when the coordinator comes back: the timed-out request's
+# coordinator lookup goes on, finds the request gone, fails, and its failure releases a
+# reference never taken (`rd_kafka_enq_once_del_source_return: Assertion
+# eonce->refcnt > 0`; rdkafka_admin.c rd_kafka_admin_coord_request returns _DESTROY,
+# rdkafka_coord.c then calls rd_kafka_coord_req_fail). A scheduler asking its group's
+# members through a broker restart died so in one chaos run in three. So such a request
+# is given far more time than any outage, and a caller that stops waiting leaves it
+# pending: the next caller waits on the same request instead of sending another.
+COORDINATOR_REQUEST_TIMEOUT = 3600.0
+_DESCRIBING: dict[tuple[tuple[tuple[str, str], ...], str], Future[Any]] = {}
 
 
 def _kept(settings: Settings) -> AdminClient:
     """One admin client per cluster for the calls a service repeats while it runs, kept
-    for the life of the process. A client dropped with a request still waiting for a
-    broker aborts the process in librdkafka when the request's wait ends
-    (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`: a scheduler
-    asking its group's members through a broker restart, one chaos run in three)."""
-    conf = client_config(settings, "cronstream-admin")
-    key = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    for the life of the process (a new client per call costs a connection each time)."""
     with _KEPT_LOCK:
+        key = _key(settings)
         admin = _KEPT.get(key)
         if admin is None:
-            admin = _KEPT[key] = AdminClient(conf)
+            admin = _KEPT[key] = AdminClient(client_config(settings, "cronstream-admin"))
         return admin
+
+
+def _key(settings: Settings) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in client_config(settings, "cronstream-admin").items()))
 
 
 def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float = 30.0) -> list[str]:
@@ -113,9 +127,22 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
 
 
 def group_members(settings: Settings, group: str, timeout: float = 10.0) -> list[str]:
-    """The client ids of a consumer group's live members (none while it is empty)."""
+    """The client ids of a consumer group's live members (none while it is empty).
+
+    Waits `timeout` seconds, then raises a retriable _TIMED_OUT while the request stays
+    pending for the next call (COORDINATOR_REQUEST_TIMEOUT: why)."""
     admin = _kept(settings)
-    described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout + 5)
+    with _KEPT_LOCK:
+        key = (_key(settings), group)
+        pending = _DESCRIBING.get(key)
+        if pending is None or pending.done():
+            pending = _DESCRIBING[key] = admin.describe_consumer_groups(
+                [group], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[group]
+    try:
+        described = pending.result(timeout)
+    except FutureTimeout:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"the members of {group}: no answer in "
+                                        f"{timeout:g}s (still asking)", retriable=True)) from None
     return sorted(m.client_id for m in described.members)
 
 
