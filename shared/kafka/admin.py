@@ -20,8 +20,6 @@ from cronstream.shared.kafka.errors import kafka_error
 from cronstream.shared.settings import Settings
 from cronstream.shared.topics import TopicSpec
 
-_KEPT: dict[tuple[tuple[str, str], ...], AdminClient] = {}
-_KEPT_LOCK = threading.Lock()
 # A request to a group's coordinator that times out in librdkafka while the coordinator
 # is away aborts the process when the coordinator comes back: the timed-out request's
 # coordinator lookup goes on, finds the request gone, fails, and its failure releases a
@@ -29,25 +27,12 @@ _KEPT_LOCK = threading.Lock()
 # eonce->refcnt > 0`; rdkafka_admin.c rd_kafka_admin_coord_request returns _DESTROY,
 # rdkafka_coord.c then calls rd_kafka_coord_req_fail). A scheduler asking its group's
 # members through a broker restart died so in one chaos run in three. So such a request
-# is given far more time than any outage, and a caller that stops waiting leaves it
-# pending: the next caller waits on the same request instead of sending another.
+# is given far more time than any outage, and a caller that stops waiting keeps its
+# client (with the request) until the request ends; the next call uses a new client,
+# which a broker that came back answers (a request sent while it was away may never be).
 COORDINATOR_REQUEST_TIMEOUT = 3600.0
-_DESCRIBING: dict[tuple[tuple[tuple[str, str], ...], str], Future[Any]] = {}
-
-
-def _kept(settings: Settings) -> AdminClient:
-    """One admin client per cluster for the calls a service repeats while it runs, kept
-    for the life of the process (a new client per call costs a connection each time)."""
-    with _KEPT_LOCK:
-        key = _key(settings)
-        admin = _KEPT.get(key)
-        if admin is None:
-            admin = _KEPT[key] = AdminClient(client_config(settings, "cronstream-admin"))
-        return admin
-
-
-def _key(settings: Settings) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, str(v)) for k, v in client_config(settings, "cronstream-admin").items()))
+_PENDING: list[tuple[AdminClient, Future[Any]]] = []
+_PENDING_LOCK = threading.Lock()
 
 
 def ensure_topics(settings: Settings, specs: Sequence[TopicSpec], timeout: float = 30.0) -> list[str]:
@@ -108,7 +93,7 @@ def _wait_for_metadata(admin: AdminClient, names: list[str], timeout: float) -> 
 
 def topic_names(settings: Settings, timeout: float = 10.0) -> list[str]:
     """Every topic the cluster holds."""
-    admin = _kept(settings)
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
     return sorted(admin.list_topics(timeout=timeout).topics)
 
 
@@ -116,7 +101,7 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
     """The high watermark of each partition of `topic` (index = partition), asked of the
     partition leaders now: not the last stable offset, which another producer's open
     transaction holds back."""
-    admin = _kept(settings)
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
     partitions = sorted(admin.list_topics(topic, timeout).topics[topic].partitions)
     futures = admin.list_offsets(
         {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -129,20 +114,19 @@ def latest_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> lis
 def group_members(settings: Settings, group: str, timeout: float = 10.0) -> list[str]:
     """The client ids of a consumer group's live members (none while it is empty).
 
-    Waits `timeout` seconds, then raises a retriable _TIMED_OUT while the request stays
-    pending for the next call (COORDINATOR_REQUEST_TIMEOUT: why)."""
-    admin = _kept(settings)
-    with _KEPT_LOCK:
-        key = (_key(settings), group)
-        pending = _DESCRIBING.get(key)
-        if pending is None or pending.done():
-            pending = _DESCRIBING[key] = admin.describe_consumer_groups(
-                [group], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[group]
+    Waits `timeout` seconds, then raises a retriable _TIMED_OUT (COORDINATOR_REQUEST_TIMEOUT:
+    why the request itself is not timed out)."""
+    with _PENDING_LOCK:
+        _PENDING[:] = [(client, asked) for client, asked in _PENDING if not asked.done()]
+    admin = AdminClient(client_config(settings, "cronstream-admin"))
+    asked = admin.describe_consumer_groups([group], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[group]
     try:
-        described = pending.result(timeout)
+        described = asked.result(timeout)
     except FutureTimeout:
+        with _PENDING_LOCK:
+            _PENDING.append((admin, asked))
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"the members of {group}: no answer in "
-                                        f"{timeout:g}s (still asking)", retriable=True)) from None
+                                        f"{timeout:g}s", retriable=True)) from None
     return sorted(m.client_id for m in described.members)
 
 
