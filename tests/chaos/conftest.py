@@ -8,6 +8,7 @@ finalisers, on failure too.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,7 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def chaos_base() -> Iterator[Path]:
     base = chaos_dir()
     yield base
-    remove(base)
+    if os.environ.get("CRONSTREAM_CHAOS_KEEP"):  # the servers' logs, to read after a failure
+        print(f"\nchaos servers' files kept in {base}")
+    else:
+        remove(base)
 
 
 @pytest.fixture(scope="session")
