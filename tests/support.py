@@ -92,6 +92,7 @@ class ServiceProcess:
                  extra_env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
+        self._terminated = False
         env = env_for(settings)
         env.update(extra_env or {})
         self._out = open(self.log_path, "ab")  # noqa: SIM115
@@ -132,14 +133,21 @@ class ServiceProcess:
             return exc.code, exc.read().decode()
 
     def signal(self, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            self._terminated = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, sig)
 
     def terminate(self) -> None:
-        """SIGTERM (SIGCONT first, for a paused one), without waiting: `stop` waits."""
+        """SIGTERM (SIGCONT first, for a paused one), without waiting: `stop` waits.
+
+        Once: a second SIGTERM that lands after a service has stopped and given the signal
+        back its default action kills it (exit -15). `stop_all` signals every process and
+        then stops each, which sent two, and failed the principals test on its ui."""
         if self.alive():
             self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
+            if not self._terminated:
+                self.signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 40.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
