@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -74,10 +73,6 @@ class TransactionOutcomeUnknown(TransactionAborted):
     The new producer has settled it, so committed offsets and state topics tell which."""
 
 
-class Abandoned(Exception):
-    """The producer's owner gave up on it (its call outlived its deadline): no more calls."""
-
-
 class ProducerStuck(RuntimeError):
     """A producer call that must not be abandoned (init) did not return: the process must
     exit (its supervisor restarts it), which is the only sure way to end that call."""
@@ -111,16 +106,6 @@ class _Blocking:
     def __init__(self, conf: dict[str, Any]) -> None:
         self.transactional_id = conf["transactional.id"]
         self.producer = Producer(conf)
-        # Set when the owner abandons this producer's lane: the call under way ends, and
-        # no other is made. Left alone, an abandoned producer went on retrying its commit
-        # and abort for as long as the broker was away (13 of them at once in a chaos
-        # broker restart), work whose outcome nobody reads; repeated transactional calls
-        # against an absent broker are also how confluent-kafka-python #1393 crashed.
-        self.abandoned = threading.Event()
-
-    def _go_on(self) -> None:
-        if self.abandoned.is_set():
-            raise Abandoned(self.transactional_id)
 
     def init(self, timeout: float) -> None:
         # Connected first: a transactional producer that asks for its id before its broker
@@ -132,7 +117,6 @@ class _Blocking:
     def commit(self, records: list[OutRecord], offsets: list[TopicPartition] | None,
                group_metadata: Callable[[], Any] | None, attempts: int, timeout: float) -> None:
         for attempt in range(1, attempts + 1):
-            self._go_on()
             try:
                 self.producer.begin_transaction()
             except KafkaException as exc:
@@ -159,7 +143,7 @@ class _Blocking:
                     continue
                 self._abort(timeout)
                 raise TransactionAborted(str(exc)) from exc
-            except (ProducerFenced, Abandoned):
+            except ProducerFenced:
                 raise
             except Exception as exc:
                 # Not Kafka's error (a record too large, a bad header...): never leave the
@@ -190,7 +174,6 @@ class _Blocking:
 
     def _retry(self, call: Callable[[], object], what: str, attempts: int = 5) -> None:
         for attempt in range(1, attempts + 1):
-            self._go_on()
             try:
                 call()
                 return
@@ -280,7 +263,6 @@ class TransactionalProducer:
         log(logger, "producer_replaced", transactional_id=self.transactional_id)
 
     def _replace(self) -> None:
-        self._blocking.abandoned.set()
         self._lane.abandon()
         self._lane = Lane(f"txn-{self.transactional_id}")
         self._blocking = self._lane.run(_Blocking, self.conf, deadline=self.deadline)

@@ -33,7 +33,6 @@ from cronstream.shared.inbound import (
 )
 from cronstream.shared.lanes import CallTimedOut, Lane, abandoned_lanes
 from cronstream.shared.logs import MAX_VALUE, LogfmtFormatter, log
-from cronstream.shared.producers import Abandoned, TransactionalProducer
 from cronstream.shared.records import JobDefinition, JobDue
 from cronstream.shared.redaction import redact_url
 from cronstream.shared.settings import Settings
@@ -152,26 +151,6 @@ def test_a_call_that_hangs_is_given_up_at_its_deadline() -> None:
     lane.abandon()
     assert abandoned_lanes() == before + 1
     release.set()
-
-
-def test_a_replaced_transactional_producer_makes_no_call_after_the_one_under_way() -> None:
-    # A commit that outlives its deadline gets its producer replaced; the old one, left on
-    # its lane, must not go on retrying against a broker that is away.
-    producer = TransactionalProducer({"bootstrap.servers": "127.0.0.1:9", "transactional.id": "unit-abandoned"})
-    old = producer._blocking
-    calls: list[int] = []
-
-    def commit_timing_out() -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            producer._replace()  # the owner gives up while this call is under way
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
-
-    with pytest.raises(Abandoned):
-        old._retry(commit_timing_out, "commit_transaction")
-    assert calls == [1]
-    assert producer._blocking is not old and not producer._blocking.abandoned.is_set()
-    asyncio.run(producer.close())
 
 
 def test_asking_a_groups_members_of_an_absent_broker_keeps_each_request_to_its_end() -> None:
