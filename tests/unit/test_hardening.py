@@ -31,6 +31,7 @@ from cronstream.shared.inbound import (
     SKIP,
     Inbound,
 )
+from cronstream.shared.kafka.admin import _PENDING, group_members
 from cronstream.shared.lanes import CallTimedOut, Lane, abandoned_lanes
 from cronstream.shared.logs import MAX_VALUE, LogfmtFormatter, log
 from cronstream.shared.records import JobDefinition, JobDue
@@ -157,7 +158,6 @@ def test_asking_a_groups_members_of_an_absent_broker_keeps_each_request_to_its_e
     # A coordinator request that times out while the broker is away aborts the process
     # in librdkafka when the broker returns (a scheduler, through a chaos broker restart):
     # the caller stops waiting, the request and its client stay, each call asks anew.
-    from cronstream.shared.kafka.admin import _PENDING, group_members
     away = Settings(kafka_bootstrap_servers="127.0.0.1:9")
     before = len(_PENDING)
     for _ in range(2):
