@@ -65,6 +65,7 @@ from cronstream.shared.kafka.config import (
     reader_config,
 )
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
+from cronstream.shared.kafka.errors import consumer_error_is_fatal
 from cronstream.shared.kafka.reading import position, read_to_end
 from cronstream.shared.logs import log
 from cronstream.shared.producers import OutRecord, ProducerFenced, TransactionAborted, TransactionalProducer
@@ -106,6 +107,9 @@ BATCH = 10_000
 POOLS_EVERY_SECONDS = 0.5
 # How often the rate logs that left their windows are forgotten (and tombstoned).
 SWEEP_SECONDS = 60.0
+# A static member (a stable --instance-id) whose group join has not come back for this long
+# starts over with a fresh consumer (_rejoin). Rebalances take seconds.
+REJOIN_AFTER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ class DispatcherService:
         self.kafka = kafka
         self.topics = settings.topics
         self.instance = settings.instance(instance)
+        self._stable_name = bool(instance or settings.instance_id)  # not hostname-pid
         self.health = Health(self.name)
         self.health.require("kafka", "assignment")
         self.inbound = Inbound(SERVICE, self.topics)
@@ -151,16 +156,27 @@ class DispatcherService:
         self._gap = BATCH_GAP_SECONDS  # before the next batch: _process
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: ConsumerThread | None = None
+        self._consumer_conf: dict[str, Any] = {}
+        self._waiting_since: float | None = None  # the last rebalance began; no assignment yet
         self._producer: TransactionalProducer | None = None
 
     def open(self) -> None:
         """Make the Kafka clients (none is contacted yet)."""
         self._loop = asyncio.get_running_loop()
-        conf = consumer_config(
+        static: dict[str, Any] = {}
+        if self._stable_name:
+            # Static membership for a stable name (a StatefulSet's pod, --instance-id): a
+            # member whose session ran out while the broker was away (librdkafka notices it
+            # when the broker is back, and joins again as a new member) or that restarts
+            # takes its partitions back at once. A new dynamic member waits until the old
+            # one's session expires on the broker, which restarted the clock of every member
+            # when it loaded the group: ~6 s without a fire dispatched (decision 0007).
+            static["group.instance.id"] = self.instance
+        self._consumer_conf = consumer_config(
             self.settings, f"dispatcher-{self.instance}", f"{self.topics.prefix}dispatcher",
-            **{"partition.assignment.strategy": "range"},
+            **{"partition.assignment.strategy": "range"}, **static,
         )
-        self._consumer = self.kafka.consumer(conf, "dispatcher")
+        self._consumer = self.kafka.consumer(self._consumer_conf, "dispatcher")
         # A stable id: a restarted instance fences its predecessor and settles its
         # open transaction at once (instead of after transaction.timeout.ms).
         tid = f"{self.topics.prefix}dispatcher-{self.instance}"
@@ -169,24 +185,32 @@ class DispatcherService:
 
     async def run(self, stopping: asyncio.Event) -> None:
         self.open()
-        consumer, producer = self._consumer, self._producer
-        assert consumer is not None and producer is not None
+        producer = self._producer
+        assert self._consumer is not None and producer is not None
         try:
             await producer.init()
             self._queues = await self._known_queues(stopping)
             self.health.set("kafka", True)
             await self._follow_pools()
-            await consumer.subscribe([self.topics.job_due, self.topics.execution_events,
-                                      self.topics.admissions],
-                                     on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
+            await self._subscribe()
             log(logger, "dispatcher_started", instance=self.instance)
             last_batch = 0.0
             while not stopping.is_set():
                 gap = self._gap - (time.monotonic() - last_batch)
                 if gap > 0:
                     await asyncio.sleep(gap)
-                messages = await consumer.consume(BATCH, 0.1)
+                assert self._consumer is not None
+                messages = await self._consumer.consume(BATCH, 0.1)
+                dead = next((e for e in (m.error() for m in messages)
+                             if e is not None and consumer_error_is_fatal(e)), None)
+                if dead is not None:
+                    # Fenced as a static member, above all: a fresh consumer takes its place.
+                    await self._rejoin(f"the consumer failed for good: {dead.str()}")
+                    continue
+                waiting = self._waiting_since
+                if waiting is not None and time.monotonic() - waiting > REJOIN_AFTER_SECONDS:
+                    await self._rejoin("no assignment since the last rebalance began")
+                    continue
                 changed = await self._read_pools()
                 if messages:
                     last_batch = time.monotonic() if len(messages) < BATCH else 0.0
@@ -198,10 +222,37 @@ class DispatcherService:
                 hint="another dispatcher runs with the same --instance-id")
             raise
         finally:
-            await consumer.close()
+            if self._consumer is not None:
+                await self._consumer.close()
             await producer.close()
             if self._pools_reader is not None:
                 await self._pools_reader.close()
+
+    async def _subscribe(self) -> None:
+        assert self._consumer is not None
+        self._waiting_since = time.monotonic()
+        await self._consumer.subscribe([self.topics.job_due, self.topics.execution_events,
+                                        self.topics.admissions],
+                                       on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                       on_lost=self._on_revoke)
+
+    async def _rejoin(self, reason: str) -> None:
+        """Start over in the group with a fresh consumer (the same static member id).
+
+        A static member can be fenced by its own join after a session that ran out (a fatal
+        error: the consumer is dead for good), or be left waiting for an assignment that
+        never comes after a broker restart (confluent-kafka-go #494); the worker does the
+        same (worker/service.py). Nothing is lost: each batch committed before the next
+        consume, so nothing is in flight, and the next assignment reads the state again."""
+        assert self._consumer is not None
+        waited = 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
+        log(logger, "dispatcher_rejoining", logging.WARNING, instance=self.instance,
+            waited_seconds=round(waited, 1), reason=reason)
+        old, self._consumer = self._consumer, None
+        await old.close()  # a static member does not leave the group on close
+        self._forget()
+        self._consumer = self.kafka.consumer(self._consumer_conf, "dispatcher")
+        await self._subscribe()
 
     # -- pools: every instance follows `pools` ------------------------------------------
 
@@ -568,6 +619,7 @@ class DispatcherService:
         asyncio.run_coroutine_threadsafe(self._load_state(self._owned), self._loop).result(120)
         consumer.assign(partitions)
         self._rebalanced = True
+        self._waiting_since = None
         self.health.set("assignment", True)
         log(logger, "partitions_assigned", count=len(partitions),
             tracked_jobs=len(self.policy.jobs), remembered_dues=len(self.seen))
@@ -622,10 +674,15 @@ class DispatcherService:
 
     def _on_revoke(self, consumer: OnLane, partitions: list[TopicPartition]) -> None:
         # Each batch is committed before the next consume(), so nothing is in flight here.
+        self._forget()
+        self._waiting_since = time.monotonic()
+        consumer.unassign()
+        log(logger, "partitions_revoked", count=len(partitions))
+
+    def _forget(self) -> None:
+        """Drop the state of the partitions this instance owned (none is owned now)."""
         self._owned = set()
         self.policy = PolicyState()
         self.seen = SeenDues()
         self.flow = Flow(self.topics.partitions, pools=self.flow.pools)
         self.health.set("assignment", False, "rebalancing")
-        consumer.unassign()
-        log(logger, "partitions_revoked", count=len(partitions))

@@ -126,6 +126,8 @@ class ChaosRun:
         self._admin: AdminClient | None = None
         self._partitions: list[TopicPartition] = []
         self.events: EventStream | None = None
+        # The broker's own log (a run on the session's broker): read when a run fails.
+        self.broker_log: Path | None = None
 
     # -- the system ---------------------------------------------------------------------
 
@@ -217,9 +219,7 @@ class ChaosRun:
     def open_transactions(self, topics: list[str]) -> dict[tuple[str, int], int]:
         """The partitions of `topics` with a transaction open now: their last stable offset
         is below their high watermark. {(topic, partition): last stable offset}."""
-        if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
-        admin = self._admin
+        admin = self._admin_client()
         if not self._partitions:
             metadata = admin.list_topics(timeout=10)
             self._partitions = [TopicPartition(t, p) for t in topics
@@ -270,8 +270,34 @@ class ChaosRun:
                 elif value > recovery.target:
                     problems.append(f"{recovery.fault}: recovery ({kind}) took {value:.1f}s, "
                                     f"target {recovery.target:.0f}s")
+        if problems:
+            self.figures["diagnosis"] = self.diagnose()
         self._record(result, problems)
         assert not problems, "chaos run failed:\n- " + "\n- ".join(problems)
+
+    def diagnose(self) -> dict[str, Any]:
+        """What a failed run leaves to read in its output (CI keeps nothing else): the
+        run's partitions a transaction holds open now (their last stable offset below their
+        high watermark), whether the broker hands out a new producer id (a fresh
+        transactional id's InitProducerId), and the broker's warnings since the first fault."""
+        found: dict[str, Any] = {}
+        try:
+            topics = [t for t in self._admin_client().list_topics(timeout=10).topics
+                      if t.startswith(self.settings.topic_prefix)]
+            self._partitions = []
+            found["open_transactions"] = {f"{t}[{p}]": lso for (t, p), lso
+                                          in sorted(self.open_transactions(topics).items())}
+        except Exception as exc:  # a diagnosis never hides the verdict
+            found["open_transactions"] = f"{type(exc).__name__}: {exc}"
+        found["new_producer_id"] = _probe_producer_id(self.settings.kafka_bootstrap_servers)
+        if self.broker_log is not None and self.recoveries:
+            found["broker_warnings"] = _broker_warnings(self.broker_log, self.recoveries[0].ended_at)
+        return found
+
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap_servers})
+        return self._admin
 
     def _event_record(self, result: ledger.LedgerResult) -> list[str]:
         """Every matching record of the event trigger's source in exactly one run."""
@@ -400,3 +426,39 @@ def _sample_text(items: list[str], n: int = 3) -> str:
 def _last_error(exit_: Exit) -> str | None:
     lines = exit_.error_lines()
     return lines[-1] if lines else None
+
+
+def _probe_producer_id(bootstrap_servers: str) -> str:
+    """Whether the broker gives a new transactional id its producer id within 15 s (its
+    coordinator loaded, its producer-id block at hand): "ok", or the error it gave."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 0,
+                         "transactional.id": f"chaos-probe-{uuid4().hex[:8]}"})
+    started = time.monotonic()
+    try:
+        producer.init_transactions(15)
+        return f"ok in {time.monotonic() - started:.1f}s"
+    except KafkaException as exc:
+        return f"{exc.args[0]}"
+    finally:
+        producer.flush(1)
+
+
+def _broker_warnings(log: Path, since: datetime, limit: int = 25) -> list[str]:
+    """The broker's WARN and ERROR lines from a minute before `since` on (its restart and
+    the settling after it), each distinct message once, with how often it came."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    start = (since - timedelta(seconds=60)).strftime("%Y-%m-%d %H:%M:%S")
+    for path in sorted(log.parent.glob(log.name + "*"), reverse=True):  # rotated ones first
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("[") or line[1:20] < start:
+                continue
+            if "] WARN " not in line and "] ERROR " not in line:
+                continue
+            message = line[26:].split(" (", 1)[0][:240]
+            key = "".join(c for c in message if not c.isdigit())
+            counts[key] = counts.get(key, 0) + 1
+            first.setdefault(key, line[1:24] + " " + message)
+    return [f"{first[k]} (×{n})" for k, n in list(counts.items())[:limit]]

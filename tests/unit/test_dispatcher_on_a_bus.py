@@ -9,7 +9,7 @@ import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Message
 
@@ -176,3 +176,35 @@ def test_after_a_batch_of_fires_committed_ahead_the_next_batch_waits_longer() ->
     process(service, publish(bus, due("late")), publish(bus, due("a9").model_copy(update={"scheduled_at": soon})))
     assert service._gap == BATCH_GAP_SECONDS
     assert statuses(bus) == ["QUEUED"] * 5  # every one queued, whatever the gap
+
+
+async def _open(service: DispatcherService) -> None:
+    service.open()
+
+
+def test_a_stable_instance_joins_as_a_static_member_and_a_fresh_consumer_takes_over_a_dead_one() -> None:
+    """With a stable name the dispatcher is a static member (a member whose session ran out
+    in a broker outage gets its partitions back at once); a consumer fenced for good is
+    closed and a fresh one subscribes in its place, the owned state dropped until the next
+    assignment reads it again. hostname-pid, the default, stays a dynamic member."""
+    default = DispatcherService(SETTINGS, kafka=clients(MemoryBus()))
+    asyncio.run(_open(default))
+    assert "group.instance.id" not in default._consumer_conf
+    bus = MemoryBus()
+    service = DispatcherService(SETTINGS.model_copy(update={"instance_id": "dispatcher-0"}),
+                                kafka=clients(bus))
+
+    async def rejoined() -> None:
+        service.open()
+        await service._subscribe()
+        old = bus.consumers[-1]
+        service._owned, service._waiting_since = {0, 1, 2}, None  # as an assignment leaves it
+        await service._rejoin("the consumer failed for good")
+        assert old.closed
+        fresh = bus.consumers[-1]
+        assert fresh is not old and service._consumer is cast(Any, fresh)
+        assert fresh.subscribed == [T.job_due, T.execution_events, T.admissions]
+        assert service._owned == set() and service._waiting_since is not None
+
+    asyncio.run(rejoined())
+    assert service._consumer_conf["group.instance.id"] == "dispatcher-0"
