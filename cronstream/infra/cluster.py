@@ -9,6 +9,12 @@ JVMs share a developer's machine with everything else.
 Unlike `KafkaBroker`, a cluster never adopts servers it did not start: it is always
 started on ports chosen for it and stopped whole (`stop`), and single nodes can be
 killed and started again (`kill_node`, `start_node`).
+
+`KafkaCluster.split` runs one broker and its controller in processes of their own (the
+topology of production KRaft): a broker that crashes and restarts is then fenced by a
+live controller while it is away, instead of being its own controller, which waits out
+the registration of its previous life with the restarted node already serving as a
+coordinator (docs/decisions/0007).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from cronstream.infra.kafka import HEAP as BROKER_HEAP
 from cronstream.infra.kafka import KafkaBroker
 from cronstream.infra.process import alive, answers, read_pid, spawn, terminate, wait_until
 
 HEAP = ["-Xms128m", "-Xmx384m"]
+COMBINED, CONTROLLER, BROKER = "cluster.properties", "controller.properties", "broker.properties"
 # Small, quick JVMs: serial GC and the C1 compiler only (a test cluster's throughput is
 # bounded by the machine, not by the JIT).
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
@@ -92,21 +100,35 @@ class KafkaCluster:
     """`size` combined nodes on free ports under `base`; jars from the shared cache `libs`."""
 
     def __init__(self, base: Path, libs: Path, *, size: int = 3, replication: int = 3,
-                 min_insync_replicas: int = 2, host: str = "127.0.0.1") -> None:
+                 min_insync_replicas: int = 2, host: str = "127.0.0.1",
+                 templates: dict[int, str] | None = None) -> None:
         if not 1 <= min_insync_replicas <= replication <= size:
             raise ValueError("need 1 <= min_insync_replicas <= replication <= size")
         self.base, self.libs, self.host = base, libs, host
         self.replication, self.min_isr = replication, min_insync_replicas
         self.nodes = {i: KafkaNode(i, host, free_port_pair(host), base / f"node-{i}")
                       for i in range(1, size + 1)}
+        # Each node's configuration (deploy/local/): combined nodes by default.
+        self.templates = templates or dict.fromkeys(self.nodes, COMBINED)
         self._cluster_id: str | None = None
+
+    @classmethod
+    def split(cls, base: Path, libs: Path, host: str = "127.0.0.1") -> KafkaCluster:
+        """One broker (node 2) and its controller (node 1), each a process of its own."""
+        return cls(base, libs, size=2, replication=1, min_insync_replicas=1, host=host,
+                   templates={1: CONTROLLER, 2: BROKER})
+
+    @property
+    def brokers(self) -> list[KafkaNode]:
+        return [n for i, n in self.nodes.items() if self.templates[i] != CONTROLLER]
 
     @property
     def bootstrap_servers(self) -> str:
-        return ",".join(node.address for node in self.nodes.values())
+        return ",".join(node.address for node in self.brokers)
 
     def _voters(self) -> str:
-        return ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in self.nodes.values())
+        return ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for i, n in self.nodes.items()
+                        if self.templates[i] != BROKER)
 
     def _java(self) -> str:
         return shutil.which("java") or "java"
@@ -119,7 +141,8 @@ class KafkaCluster:
         node.home.mkdir(parents=True, exist_ok=True)
         files = resources.files("cronstream.deploy")
         props = node.home / "server.properties"
-        props.write_text(Template(files.joinpath("local/cluster.properties").read_text())
+        template = files.joinpath(f"local/{self.templates[node.node_id]}").read_text()
+        props.write_text(Template(template)
                          .safe_substitute(node_id=str(node.node_id), voters=self._voters(),
                                           host=node.host, port=str(node.port),
                                           controller_port=str(node.controller_port),
@@ -155,7 +178,7 @@ class KafkaCluster:
         for node_id in self.nodes:
             self._spawn(self.nodes[node_id])
         try:
-            wait_until(lambda: self._brokers() == set(self.nodes), timeout,
+            wait_until(lambda: self._brokers() == {n.node_id for n in self.brokers}, timeout,
                        f"Kafka cluster at {self.bootstrap_servers}", interval=0.5)
         except TimeoutError:
             self.stop()
@@ -163,17 +186,24 @@ class KafkaCluster:
 
     def _spawn(self, node: KafkaNode) -> int:
         return spawn(
-            [self._java(), *HEAP, *JVM_FLAGS, self._logging_opt(node), "-cp", f"{self.libs}/*",
+            [self._java(), *self._jvm(node), self._logging_opt(node), "-cp", f"{self.libs}/*",
              "kafka.Kafka", str(node.home / "server.properties")],
             node.stdout_file, node.pid_file,
         )
+
+    def _jvm(self, node: KafkaNode) -> list[str]:
+        """A split pair's broker runs as the development broker does (the chaos suite's
+        figures were measured on it); every other node small and quick."""
+        if self.templates[node.node_id] == BROKER:
+            return [*BROKER_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+        return [*HEAP, *JVM_FLAGS]
 
     def _brokers(self) -> set[int]:
         """The node ids the cluster's metadata lists as live brokers (empty if no answer)."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        live = [n for n in self.nodes.values() if n.pid() is not None and answers(n.host, n.port)]
+        live = [n for n in self.brokers if n.pid() is not None and answers(n.host, n.port)]
         if not live:
             return set()
         admin = AdminClient({"bootstrap.servers": ",".join(n.address for n in live),
@@ -230,18 +260,25 @@ class KafkaCluster:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop every node: SIGTERM to all at once (one by one, the last nodes would wait
-        for a quorum that is leaving), SIGKILL what is left after `timeout`."""
-        pids = {i: pid for i, node in self.nodes.items() if (pid := node.pid()) is not None}
-        for pid in pids.values():
+        for a quorum that is leaving), SIGKILL what is left after `timeout`. Broker-only
+        nodes go first: their controlled shutdown needs the controllers."""
+        for wave in ([i for i in self.nodes if self.templates[i] == BROKER],
+                     [i for i in self.nodes if self.templates[i] != BROKER]):
+            self._stop_nodes(wave, timeout)
+
+    def _stop_nodes(self, node_ids: list[int], timeout: float) -> None:
+        nodes = [self.nodes[i] for i in node_ids]
+        pids = [pid for node in nodes if (pid := node.pid()) is not None]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(alive(pid) for pid in pids.values()):
-            for pid in pids.values():
+        while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+            for pid in pids:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
             time.sleep(0.1)
-        for pid in pids.values():
+        for pid in pids:
             terminate(pid, timeout=0)
-        for node in self.nodes.values():
+        for node in nodes:
             node.pid_file.unlink(missing_ok=True)

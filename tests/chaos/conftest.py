@@ -95,7 +95,7 @@ def chaos_run(chaos_kafka: ChaosKafka,
         run = ChaosRun(name, bootstrap_servers or chaos_kafka.bootstrap_servers, url, log_dir,
                        replication)
         if bootstrap_servers is None:
-            run.broker_log = chaos_kafka.broker.log_file
+            run.broker_log = chaos_kafka.log_file
         runs.append(run)
         return run
 
