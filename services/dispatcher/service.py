@@ -65,7 +65,6 @@ from cronstream.shared.kafka.config import (
     reader_config,
 )
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
-from cronstream.shared.kafka.errors import consumer_error_is_fatal
 from cronstream.shared.kafka.reading import position, read_to_end
 from cronstream.shared.logs import log
 from cronstream.shared.producers import OutRecord, ProducerFenced, TransactionAborted, TransactionalProducer
@@ -201,11 +200,12 @@ class DispatcherService:
                     await asyncio.sleep(gap)
                 assert self._consumer is not None
                 messages = await self._consumer.consume(BATCH, 0.1)
-                dead = next((e for e in (m.error() for m in messages)
-                             if e is not None and consumer_error_is_fatal(e)), None)
-                if dead is not None:
-                    # Fenced as a static member, above all: a fresh consumer takes its place.
-                    await self._rejoin(f"the consumer failed for good: {dead.str()}")
+                try:
+                    batch = self.inbound.batch(messages)
+                except KafkaException as exc:
+                    # The consumer is dead (fenced as a static member, above all): a fresh
+                    # one takes its place.
+                    await self._rejoin(f"the consumer failed for good: {exc}")
                     continue
                 waiting = self._waiting_since
                 if waiting is not None and time.monotonic() - waiting > REJOIN_AFTER_SECONDS:
@@ -214,7 +214,7 @@ class DispatcherService:
                 changed = await self._read_pools()
                 if messages:
                     last_batch = time.monotonic() if len(messages) < BATCH else 0.0
-                    await self._process(messages)
+                    await self._process(messages, batch)
                 elif changed or self._wakes(time.time()):
                     await self._process([])  # only admissions: a pool grew, a rate window moved
         except ProducerFenced as exc:
@@ -317,10 +317,12 @@ class DispatcherService:
 
     # -- one batch, one transaction ---------------------------------------------------
 
-    async def _process(self, messages: list[Message]) -> None:
+    async def _process(self, messages: list[Message], batch: Batch | None = None) -> None:
+        """One batch in one transaction (`batch`: `messages` already read through the
+        inbound path)."""
         assert self._consumer is not None and self._producer is not None
         started = time.monotonic()
-        batch = self.inbound.batch(messages)
+        batch = batch or self.inbound.batch(messages)
         work = _Work()
         now_ms = time.time_ns() // 1_000_000
         for msg in batch.records:
