@@ -430,7 +430,7 @@ def _last_error(exit_: Exit) -> str | None:
 
 def _probe_producer_id(bootstrap_servers: str) -> str:
     """Whether the broker gives a new transactional id its producer id within 15 s (its
-    coordinator loaded, its producer-id block at hand): "ok", or the error it gave."""
+    coordinator loaded, its producer-id block at hand): "ok in N s", or the error it gave."""
     from confluent_kafka import KafkaException, Producer
 
     producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 0,
