@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 # How often the members are asked for even without a rebalance (a missed callback).
 MEMBERSHIP_SECONDS = 2.0
 METRICS_SECONDS = 5.0
+JOBS_COUNT_SECONDS = 30.0  # how old the count of a led shard's jobs may be
 # A process joining warms the shards it will lead for at most this long before it joins.
 WARM_UP_PATIENCE = 600.0
 # Definitions read and not processed yet by this process's first leaders of shards, at
@@ -86,6 +87,16 @@ DEFINITIONS_BACKLOG = 20_000
 # ~40 % of its RSS it peaked at for ever. Handed back to the system (malloc_trim, from a
 # thread) at once when the roles settle, and after a warm-up, a catch-up or a burst: RSS
 # looked at this often, trimmed when it grew by TRIM_GROWTH since the last trim.
+# librdkafka reads ahead up to queued.min.messages (100,000) or queued.max.messages.kbytes
+# (64 MiB) *per partition* (rdkafka_fetcher.c: the partition's fetch queue). A scheduler
+# process reads dozens of partitions (a standby shard's definitions, state and retries;
+# its led shards' definitions) and processes them far slower than the broker sends them:
+# at a catch-up every partition's queue filled, ~30 MiB each at ten million jobs, and the
+# process kept what it peaked at. Bounded per partition, a catch-up reads as fast (a batch
+# is 5,000 records; 2 MiB holds ~8,000 definitions), provided a full queue is fetched for
+# again soon after it is read (librdkafka waits fetch.queue.backoff.ms, 1 s by default).
+READ_AHEAD = {"queued.min.messages": 5_000, "queued.max.messages.kbytes": 2_048,
+              "fetch.queue.backoff.ms": 20}
 TRIM_SECONDS = 30.0
 TRIM_GROWTH = 32 * 2**20  # ...when RSS grew by this since the last trim
 
@@ -128,14 +139,16 @@ class SchedulerService:
         self._data_dir().mkdir(parents=True, exist_ok=True)
         self._lock()
         follower = self._follower = Follower(self.topics, self.kafka.consumer(
-            reader_config(self.settings, f"{self.member}-follower"), "follower"))
+            {**reader_config(self.settings, f"{self.member}-follower"), **READ_AHEAD}, "follower"))
         calendars = CalendarReader(self.topics, self.kafka.consumer(
-            reader_config(self.settings, f"{self.member}-calendars"), "calendars"), self.calendars)
+            {**reader_config(self.settings, f"{self.member}-calendars"), **READ_AHEAD}, "calendars"),
+            self.calendars)
         # The definitions of the shards this process leads: assigned by hand, in the
         # scheduler group (for its committed offsets), never subscribed.
         definitions = self._definitions = self.kafka.consumer(consumer_config(
             self.settings, f"{self.member}-definitions", self.group,
-            **{"enable.partition.eof": True, "fetch.wait.max.ms": END_FETCH_WAIT_MS}), "definitions")
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": END_FETCH_WAIT_MS}, **READ_AHEAD),
+            "definitions")
         self.shards = await self._shard_count(definitions)
         # Everything that writes the shard of a job counts as many shards as the topics hold.
         self.topics = dataclasses.replace(self.topics, shards=self.shards)
@@ -433,7 +446,14 @@ class SchedulerService:
         metrics.SCHEDULER_SHARDS_LED.set(len(led))
         metrics.SCHEDULER_SHARDS_STANDBY.set(len(self.standby))
         metrics.SCHEDULER_LEADER.set(1 if led else 0)
-        metrics.SCHEDULER_JOBS.set(sum(leader.store.count() for leader in led))
+        # One store counted again per report, the one counted longest ago: a count scans
+        # its table, and a process may lead a dozen shards of 300,000 jobs.
+        stalest = min(led, key=lambda leader: leader.store.counted[0] if leader.store.counted else 0.0,
+                      default=None)
+        if stalest is not None and (stalest.store.counted is None
+                                    or time.monotonic() - stalest.store.counted[0] > JOBS_COUNT_SECONDS):
+            stalest.store.count()
+        metrics.SCHEDULER_JOBS.set(sum(leader.store.last_count() for leader in led))
         metrics.SCHEDULER_PENDING_RETRIES.set(sum(leader.store.retry_count() for leader in led))
         metrics.SCHEDULER_SUSPENDED.set(sum(len(leader.clock.suspended) for leader in led))
         metrics.SCHEDULER_WAITING.set(sum(leader.waiting() for leader in led))
