@@ -97,6 +97,9 @@ class JobClock:
     _definition: JobDefinition | None = None
     _snapshot: JobSnapshot | None = None
     _fragments: tuple[str, str, str | None] | None = None
+    # Prepared ahead (Clock.prepare): (next_fire_ms it was made for, its JobDue, the fire
+    # that follows it). Used by a plan only while next_fire_ms is still that instant.
+    _ready: tuple[int, Fire, int | None] | None = None
 
     @property
     def definition(self) -> JobDefinition:
@@ -599,6 +602,12 @@ class Clock:
             return
         due_ms = job.next_fire_ms
         late = (now_ms - due_ms) / 1000 > definition.misfire_grace_seconds
+        ready = job._ready
+        if not late and ready is not None and ready[0] == due_ms and (ready[2] is None or ready[2] > now_ms):
+            # Prepared ahead: a burst of jobs due in the same second costs only its records.
+            plan.dues.append(ready[1])
+            self._plan_fired(plan, job, ready[2], due_ms, job.runs + 1)
+            return
         fires: list[int] = []
         following: int | None
         if not late or definition.misfire_policy == "FIRE_ALL":
@@ -622,8 +631,13 @@ class Clock:
                 policy=definition.misfire_policy, due_ms=due_ms, fired=len(fires))
         rendered = [render_due(job, fire) for fire in fires]  # may raise: nothing added yet
         plan.dues.extend(rendered)
-        last_ms = fires[-1] if fires else job.last_fire_ms
-        runs = job.runs + len(fires)  # (_plan_state, inlined)
+        self._plan_fired(plan, job, following, fires[-1] if fires else job.last_fire_ms,
+                         job.runs + len(fires))
+
+    @staticmethod
+    def _plan_fired(plan: FirePlan, job: JobClock, following: int | None, last_ms: int | None,
+                    runs: int) -> None:
+        """A plain job's state after its fires (_plan_state, inlined)."""
         plan._updates.append((job.job_id, following, last_ms, runs, None, None))
         plan.states.append(StateChange(
             job.job_id, render_state(job.job_id, job.offset, following, last_ms, runs=runs),
@@ -713,6 +727,18 @@ class Clock:
             next_ms, calendar_offset = None, None
         self._plan_state(plan, job, next_ms, job.last_fire_ms, runs=job.runs,
                          calendar_offset=calendar_offset)
+
+    def prepare(self, job: JobClock) -> None:
+        """Render a plain job's next fire and compute the one after it, ahead of its time
+        (the leader's prepare loop). May raise: the job is suspended when it is due."""
+        due_ms = job.next_fire_ms
+        if due_ms is None or (job._ready is not None and job._ready[0] == due_ms):
+            return
+        job.fragments()
+        definition = job.definition
+        if definition.calendar is not None or definition.max_runs is not None or definition.jitter_seconds:
+            return
+        job._ready = (due_ms, render_due(job, due_ms), self._following(definition, due_ms))
 
     @staticmethod
     def _following(definition: JobDefinition, after_ms: int) -> int | None:

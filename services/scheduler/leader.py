@@ -469,14 +469,15 @@ class ShardLeader:
         self._pending_fixes += self._admit_window(horizon)
 
     async def _prepare_loop(self) -> None:
-        """Make held jobs ready to fire ahead of their time (parsed definition, rendered
-        fragments): a burst of jobs due in the same second then costs only its records."""
+        """Make held jobs ready to fire ahead of their time (parsed definition, the next
+        JobDue rendered, the fire after it computed): a burst of jobs due in the same
+        second then costs only its records."""
         while self._active:
             prepared = 0
             for job in list(self.clock.jobs.values()):
-                if job._fragments is None:
+                if job._ready is None or job._ready[0] != job.next_fire_ms:
                     with contextlib.suppress(Exception):  # a bad one is suspended when due
-                        job.fragments()
+                        self.clock.prepare(job)
                     prepared += 1
                     if prepared % PREPARE_PER_PASS == 0:
                         await asyncio.sleep(0)

@@ -136,6 +136,36 @@ def late(clock: Clock, seconds: float) -> list[datetime]:
     return [from_epoch_ms(d.scheduled_ms) for d in plan.dues]
 
 
+def test_a_job_prepared_ahead_fires_exactly_as_one_that_was_not() -> None:
+    """The leader's prepare loop renders a job's next fire and the one after it ahead of
+    time; a plan uses them only while they still hold (the same instant, nothing later
+    also due), and what it commits is byte for byte what it computes unprepared."""
+    def planned(prepare: bool, now: datetime, d: JobDefinition) -> tuple[list[Any], list[Any]]:
+        clock = clock_with(d)
+        if prepare:
+            clock.prepare(clock.jobs[d.job_id])
+        plan = clock.plan(ms(now))
+        clock.commit(plan)
+        return ([(f.scheduled_ms, f.execution_id, f.value) for f in plan.dues],
+                [(c.value, c.next_fire_ms, clock.next_due_ms()) for c in plan.states])
+
+    cases = [(T0, definition()),  # the prepared instant
+             (T0 + timedelta(seconds=25), definition()),  # later instants also due: computed
+             (T0, JobDefinition(job_id="cron", type="CRON", schedule="*/5 * * * *", timezone="Europe/Berlin", handler="noop")),
+             (T0, JobDefinition(job_id="once", type="ONE_TIME", run_at=T0, handler="noop"))]
+    for now, d in cases:
+        assert planned(True, now, d) == planned(False, now, d)
+        assert planned(True, now, d)[0], d.job_id  # each case fires
+    # Prepared for an instant that is no longer the next: computed again, not reused.
+    clock = clock_with(definition())
+    job = clock.jobs["j"]
+    clock.prepare(job)
+    clock.commit(clock.plan(ms(T0)))
+    plan = clock.plan(ms(T0 + timedelta(seconds=10)))
+    assert [d.scheduled_ms for d in plan.dues] == [ms(T0 + timedelta(seconds=10))]
+    assert plan.states[0].next_fire_ms == ms(T0 + timedelta(seconds=20))
+
+
 def test_late_within_grace_fires_normally() -> None:
     """Every instant missed by less than the grace is fired, whatever the policy, and all
     of them in one plan: a short outage's backlog does not go out one fire per job per
