@@ -26,7 +26,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import baggage, propagate, trace
@@ -299,6 +299,20 @@ def _traceparent_only(ctx: otel_context.Context | None = None) -> bool:
     """Whether the configured propagators write only `traceparent` for the span of `ctx`
     (default: the current context): W3C, and no baggage in it."""
     return _w3c_textmap() and not baggage.get_all(ctx)
+
+
+def fresh_traces() -> Callable[[], Headers] | None:
+    """A writer of the headers of new traces that nothing records, when the propagators
+    write only a traceparent (the default): what `headers_of(root(...))` writes, without
+    a span object or the propagators' machinery (5 of a fire's ~15 µs). None when spans
+    are recorded or other propagators are configured: then `root` and `headers_of`."""
+    if recording() or not _traceparent_only():
+        return None
+    bits = random.getrandbits
+
+    def write() -> Headers:
+        return [(TRACEPARENT, f"00-{bits(128) or 1:032x}-{bits(64) or 1:016x}-00".encode())]
+    return write
 
 
 def new_headers() -> Headers:

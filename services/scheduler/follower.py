@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 Role = Literal["standby", "taking_over", "leading"]
 BATCH = 10_000
+# A hold lasts at most this long in a row; then one batch is read before the next.
+HOLD_AT_MOST_SECONDS = 1.0
 
 
 def retry_due_ms(value: bytes) -> int:
@@ -78,6 +81,26 @@ class Follower:
         self.shards: dict[int, Followed] = {}
         self._assigned: set[tuple[str, int]] = set()
         self._changed = asyncio.Event()
+        # (monotonic) until when the reader is held, and since when without a batch read.
+        self._held_until = 0.0
+        self._held_since = 0.0
+
+    def hold(self, seconds: float) -> None:
+        """A leader of this process fires a burst: read nothing for `seconds` (unless a
+        takeover waits), at most HOLD_AT_MOST_SECONDS in a row."""
+        now = time.monotonic()
+        if now >= self._held_until:
+            self._held_since = now
+        self._held_until = max(self._held_until, now + seconds)
+
+    def _holding(self) -> bool:
+        now = time.monotonic()
+        if now >= self._held_until:
+            return False
+        if now - self._held_since >= HOLD_AT_MOST_SECONDS:
+            self._held_since = now  # one batch now, then held again
+            return False
+        return True
 
     # -- what to follow --------------------------------------------------------------
 
@@ -155,6 +178,9 @@ class Follower:
                 await _wait(self._changed, stopping, 0.5)
                 continue
             waiting = any(f.ends for f in self.shards.values())
+            if not waiting and self._holding():
+                await _wait(self._changed, stopping, 0.02)
+                continue
             # A takeover waits on this loop: poll briefly then, and look at the positions
             # after every batch (a partition written in transactions ends in a marker,
             # which takes an offset and brings no record).

@@ -94,6 +94,10 @@ WINDOW_MS = 120_000
 # How many held jobs are made ready to fire (parsed, rendered) per pass between rounds:
 # a burst due in one second is prepared long before its second.
 PREPARE_PER_PASS = 2_000
+# A round with this many fires is a burst: the process's standby reading waits this long
+# after it (follower.py: hold), leaving the CPU to the rounds that follow.
+BURST_FIRES = 1_000
+BURST_HOLD_SECONDS = 0.3
 # Handing a shard over (SIGTERM), its leader's last round commits the ALLOW jobs' fires
 # due within this much: the standby takes over meanwhile. A takeover at a million jobs
 # took a little over a second (issue 55: the latest fire 1,155 ms late with 1,000); the
@@ -595,6 +599,8 @@ class ShardLeader:
                 self.store.write(retries=[(str(k), None, None, None) for k in plan.fired_retries])
             self.clock.evict()
             self.out.count_round(plan, now_ms, planned_ms)
+            if len(plan.dues) >= BURST_FIRES:
+                self.follower.hold(BURST_HOLD_SECONDS)
             self._round_gap = next_round_gap(plan, now_ms, self._ahead_gap)
 
     def _replan_calendars(self) -> list[StateChange]:

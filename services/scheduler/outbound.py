@@ -70,8 +70,13 @@ class LeaderRecords:
         by_job: dict[str, Headers] = {}
         topic = self.topics.job_due
         tracing = telemetry.recording()
+        fresh = telemetry.fresh_traces()
         for due in plan.dues:
             retry = self.retry_headers.get(due.execution_id)
+            if fresh is not None and retry is None:  # a trace nothing records: only its ids
+                headers = by_job[due.job_id] = fresh()
+                records.append(OutRecord(topic, due.job_id.encode(), due.value, headers))
+                continue
             span = telemetry.root(
                 "cronstream.fire",
                 telemetry.messaging(topic, job_id=due.job_id, execution_id=due.execution_id,

@@ -374,3 +374,80 @@ def test_the_service_hands_freed_memory_back_to_the_system() -> None:
     del garbage
     assert release_free_memory() is True
     assert rss_bytes() > 10 * 2**20
+
+
+class Monotonic:
+    """The follower's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_burst_holds_the_standby_reading_but_never_a_takeover(tmp_path: Path, monkeypatch: Any) -> None:
+    """A leader that fires a burst holds its process's standby reading (its records wait in
+    the broker) for as long as it says, at most HOLD_AT_MOST_SECONDS in a row (then a batch
+    is read); a takeover's tail is read whatever the hold."""
+    from cronstream.services.scheduler import follower as module
+
+    clock = Monotonic()
+    monkeypatch.setattr(module, "time", clock)
+    later = datetime.now(UTC) + timedelta(days=1)
+
+    async def applied(store: ShardStore, n: int) -> None:
+        async with asyncio.timeout(10):
+            while store.count() < n:
+                await asyncio.sleep(0.01)
+
+    async def assigned(reader: MemoryConsumerThread, shard: int) -> None:
+        async with asyncio.timeout(10):
+            while (T.job_definitions, shard) not in {(tp.topic, tp.partition)
+                                                     for tp in await reader.assignment()}:
+                await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        bus = bus_of()
+        reader = MemoryConsumerThread(bus, "follower")
+        follower = Follower(T, cast(Any, reader))
+        standby = ShardStore(tmp_path / "standby.sqlite", 1)
+        follower.follow(1, standby, "standby")
+        stopping = asyncio.Event()
+        task = asyncio.create_task(follower.run(stopping))
+        bus.append(T.job_definitions, b"a", one_time("a", later), partition=1)
+        await applied(standby, 1)
+
+        # Held (the clock stands still): the loop goes round — it takes a new standby
+        # shard's partitions — and reads nothing.
+        follower.hold(0.3)
+        bus.append(T.job_definitions, b"b", one_time("b", later), partition=1)
+        reads = reader.consumes
+        follower.follow(3, ShardStore(tmp_path / "other.sqlite", 3), "standby")
+        await assigned(reader, 3)
+        assert reader.consumes == reads and standby.count() == 1
+
+        # Held again and again (burst after burst), HOLD_AT_MOST_SECONDS in a row: a batch
+        # is read.
+        while clock.now < 1000.0 + module.HOLD_AT_MOST_SECONDS:
+            clock.now += 0.2
+            follower.hold(0.3)
+        await applied(standby, 2)
+
+        # Held again; a takeover's tail is read all the same.
+        follower.hold(0.3)
+        bus.append(T.job_definitions, b"c", one_time("c", later), partition=1)
+        bus.append(T.scheduler_state, b"x", json.dumps({"definition_offset": 0, "next_fire_ms": None}).encode(),
+                   partition=SHARD)
+        follower.follow(SHARD, ShardStore(tmp_path / "taken.sqlite", SHARD), "taking_over")
+        async with asyncio.timeout(10):
+            await follower.caught_up(SHARD)
+
+        # The hold over, the rest is read.
+        bus.append(T.job_definitions, b"d", one_time("d", later), partition=1)
+        clock.now += 0.31
+        await applied(standby, 4)
+        stopping.set()
+        await task
+
+    asyncio.run(scenario())

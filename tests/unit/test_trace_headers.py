@@ -94,6 +94,32 @@ def test_a_new_trace_s_headers_are_what_the_propagators_write() -> None:
     assert telemetry.Hop("cronstream.queue", []).headers[0][0] == "traceparent"
 
 
+def test_a_fire_s_fresh_trace_is_written_as_the_propagators_write_a_new_root() -> None:
+    """The scheduler writes each fire's new trace directly (telemetry.fresh_traces): the
+    same bytes as a root span through the propagators, read back as that trace; not when
+    baggage or another propagator must be written."""
+    fresh = telemetry.fresh_traces()
+    assert fresh is not None
+    written = [fresh() for _ in range(200)]
+    assert len({h[0][1] for h in written}) == 200  # a new trace each
+    for headers in written:
+        ids = trace.get_current_span(telemetry.extract(headers)).get_span_context()
+        assert ids.is_valid and not ids.trace_flags.sampled
+        again = NonRecordingSpan(SpanContext(ids.trace_id, ids.span_id, False, ids.trace_flags))
+        assert headers == through_the_propagators(again)
+    token = otel_context.attach(baggage.set_baggage("tenant", "blue"))
+    try:
+        assert telemetry.fresh_traces() is None
+    finally:
+        otel_context.detach(token)
+    configured = propagate.get_global_textmap()
+    try:
+        propagate.set_global_textmap(CompositePropagator([configured, Vendor()]))
+        assert telemetry.fresh_traces() is None
+    finally:
+        propagate.set_global_textmap(configured)
+
+
 def test_baggage_trace_state_and_other_propagators_go_through_the_propagators() -> None:
     token = otel_context.attach(baggage.set_baggage("tenant", "blue"))
     try:
