@@ -15,7 +15,9 @@ when the clock fires and whether it fires each instant once. In order:
 3. steady fire lag of the probes (record timestamp − scheduled_at; negative: committed
    ahead, decision 0027) for BENCH_STEADY_SECONDS;
 4. SIGKILL of the process leading most shards: time from the kill to the first fire of
-   each of its shards; it is started again (a process joining, warmed before it joins);
+   each of its shards; it is started again (a process joining, warmed before it joins)
+   and waited for until ready — its standby shards warm too — as a rolling restart waits
+   for each pod (`rejoined_ready_after_seconds`);
 5. SIGTERM of another: the latest any probe fired across the handover; started again;
 6. a burst of BENCH_BURST jobs due in the same second: from that second until every JobDue
    is committed;
@@ -93,6 +95,13 @@ def led(proc: ServiceProcess) -> set[int]:
 def every_shard_led(procs: list[ServiceProcess], shards: int) -> bool:
     found = [s for p in procs if p.alive() for s in led(p)]
     return sorted(found) == list(range(shards))
+
+
+def _ready(proc: ServiceProcess) -> bool:
+    try:
+        return proc.get("/readyz")[0] == 200
+    except OSError:
+        return False
 
 
 def metric(proc: ServiceProcess, name: str) -> float | None:
@@ -264,6 +273,12 @@ class Run:
         self.procs[self.procs.index(gone)] = again
         eventually(lambda: self.all_led() and bool(led(again)), 1800, interval=1,
                    message=f"{gone.name} rejoined")
+        # Ready (/readyz: its standby shards warm too) before the next phase stops another,
+        # as a rolling restart waits for each pod: the next handover finds warm standbys.
+        started = time.monotonic()
+        eventually(lambda: _ready(again), 1800, interval=1, message=f"{gone.name} ready")
+        self.result.setdefault("rejoined_ready_after_seconds", {})[phase] = round(
+            time.monotonic() - started, 1)
 
     def sigterm(self) -> None:
         leaving = max((p for p in self.procs if p.alive()), key=lambda p: len(led(p)))

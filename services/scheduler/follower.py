@@ -79,7 +79,8 @@ class Follower:
         self.reader = reader
         self.inbound = Inbound("scheduler", topics, SKIP)
         self.shards: dict[int, Followed] = {}
-        self._assigned: set[tuple[str, int]] = set()
+        # What is assigned, and for which Followed (a shard followed anew starts again).
+        self._assigned: dict[tuple[str, int], Followed] = {}
         self._changed = asyncio.Event()
         # (monotonic) until when the reader is held, and since when without a batch read.
         self._held_until = 0.0
@@ -132,15 +133,22 @@ class Follower:
         return [t.scheduler_state, t.retries] if role == "taking_over" else [t.retries]
 
     async def _reassign(self, wanted: dict[tuple[str, int], Followed]) -> None:
-        if set(wanted) == self._assigned:
-            return
-        partitions = []
+        """Assign what is wanted, incrementally: a partition followed as before keeps its
+        fetch (a takeover's new role, or a new standby shard, does not reset the fetch of
+        every other partition); one newly wanted, or followed anew (a new role, a new
+        store), starts where its store stands."""
+        same = {key for key, f in wanted.items() if self._assigned.get(key) is f}
+        gone = [TopicPartition(topic, shard) for topic, shard in sorted(set(self._assigned) - same)]
+        new = []
         for (topic, shard), f in sorted(wanted.items()):
-            at = f.store.positions().get(topic)
-            partitions.append(TopicPartition(topic, shard, OFFSET_BEGINNING if at is None else at))
-        # Assigning anew drops what was fetched ahead: positions come from the stores.
-        await self.reader.assign(partitions)
-        self._assigned = set(wanted)
+            if (topic, shard) not in same:
+                at = f.store.positions().get(topic)
+                new.append(TopicPartition(topic, shard, OFFSET_BEGINNING if at is None else at))
+        if gone:
+            await self.reader.on_lane(lambda c: c.incremental_unassign(gone))
+        if new:
+            await self.reader.on_lane(lambda c: c.incremental_assign(new))
+        self._assigned = dict(wanted)
 
     # -- taking over ----------------------------------------------------------------
 
@@ -237,15 +245,21 @@ class Follower:
 
     def lag(self) -> int:
         """Records of the standby partitions not applied yet (the cached ends)."""
+        return sum(self.lag_of(s) or 0 for s, f in self.shards.items() if f.role == "standby")
+
+    def lag_of(self, shard: int) -> int | None:
+        """Records of a standby shard not applied yet (the cached ends); None while an end
+        is not known yet (nothing fetched), or the shard is not a standby's."""
+        f = self.shards.get(shard)
+        if f is None or f.role != "standby":
+            return None
+        at = f.store.positions()
         total = 0
-        for s, f in self.shards.items():
-            if f.role != "standby":
-                continue
-            at = f.store.positions()
-            for topic in (self.topics.job_definitions, self.topics.scheduler_state, self.topics.retries):
-                end = self._cached_end(topic, s)
-                if end is not None:
-                    total += max(0, end - at.get(topic, 0))
+        for topic in (self.topics.job_definitions, self.topics.scheduler_state, self.topics.retries):
+            end = self._cached_end(topic, shard)
+            if end is None:
+                return None
+            total += max(0, end - at.get(topic, 0))
         return total
 
     def _cached_end(self, topic: str, shard: int) -> int | None:

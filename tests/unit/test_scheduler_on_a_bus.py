@@ -340,15 +340,19 @@ def test_the_service_reads_no_definitions_while_its_leaders_backlogs_are_full() 
     class Leader:
         backlog: int
         drained: int = 0
+        ready: asyncio.Event = field(default_factory=asyncio.Event)
 
         def drain(self) -> None:
             self.drained += 1
 
     class Reader:
-        consumed = 0
+        def __init__(self) -> None:
+            self.consumed = 0
+            self.timeouts: list[float] = []
 
         async def consume(self, n: int, timeout: float) -> list[Any]:
             self.consumed += 1
+            self.timeouts.append(timeout)
             return []
 
     async def scenario() -> None:
@@ -361,6 +365,12 @@ def test_the_service_reads_no_definitions_while_its_leaders_backlogs_are_full() 
         full[0].backlog = 0
         await svc._read_definitions(cast(Any, reader))
         assert reader.consumed == 1 and [leader.drained for leader in full] == [1, 1]
+        # Polls are short while a leader takes over (it calls on the same lane between
+        # them), longer once every leader is ready.
+        for leader in full:
+            leader.ready.set()
+        await svc._read_definitions(cast(Any, reader))
+        assert reader.timeouts[0] < 0.01 <= reader.timeouts[1]
 
     asyncio.run(scenario())
 
@@ -451,3 +461,80 @@ def test_a_burst_holds_the_standby_reading_but_never_a_takeover(tmp_path: Path, 
         await task
 
     asyncio.run(scenario())
+
+
+def test_a_standby_shard_s_lag_is_what_its_store_has_not_applied(tmp_path: Path) -> None:
+    """`lag_of` (what readiness waits on): the records of a standby shard's partitions its
+    store has not applied yet; None for a shard the process does not stand by for."""
+    async def scenario() -> None:
+        bus = bus_of()
+        later = datetime.now(UTC) + timedelta(days=1)
+        for job_id in ("a", "b", "c"):
+            bus.append(T.job_definitions, job_id.encode(), one_time(job_id, later), partition=1)
+        bus.append(T.scheduler_state, b"a", json.dumps({"definition_offset": 0, "next_fire_ms": None}).encode(),
+                   partition=1)
+        follower = Follower(T, cast(Any, MemoryConsumerThread(bus, "follower")))
+        standby = ShardStore(tmp_path / "standby.sqlite", 1)
+        follower.follow(1, standby, "standby")
+        follower.follow(SHARD, ShardStore(tmp_path / "led.sqlite", SHARD), "leading")
+        assert follower.lag_of(1) == 4 and follower.lag() == 4
+        assert follower.lag_of(SHARD) is None and follower.lag_of(0) is None
+        stopping = asyncio.Event()
+        task = asyncio.create_task(follower.run(stopping))
+        async with asyncio.timeout(10):
+            while follower.lag_of(1) != 0:
+                await asyncio.sleep(0.01)
+        assert standby.count() == 3
+        stopping.set()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_scheduler_is_ready_once_the_shards_it_stands_by_for_are_warm() -> None:
+    """Readiness (what a rolling restart waits for) includes the standbys: every shard the
+    roles give the process to stand by for read to within STANDBY_READY_LAG records of its
+    end (an end not known yet is not warm). Once warm it stays ready while the roles stay:
+    a burst's lag does not make it unready."""
+    from cronstream.services.scheduler import service as module
+
+    class Lags:
+        def __init__(self) -> None:
+            self.lags: dict[int, int | None] = {}
+
+        def lag_of(self, shard: int) -> int | None:
+            return self.lags.get(shard)
+
+        def lag(self) -> int:
+            return sum(v or 0 for v in self.lags.values())
+
+    svc = module.SchedulerService(SETTINGS, instance="s1")
+    lags = Lags()
+    svc._follower = cast(Any, lags)
+    svc.shards = SETTINGS.scheduler_shards
+    svc._members = sorted([svc.member, "another-member"])
+    standby = svc._roles(svc._members)[1]
+    assert standby, "two members, one standby each: this one stands by for some shards"
+
+    def standbys_state() -> str:
+        svc._publish_metrics()
+        return svc.health.ready()[1]["standbys"]
+
+    svc.standby = set(standby)
+    lags.lags = dict.fromkeys(standby, None)  # nothing fetched yet
+    assert standbys_state() != "ready"
+    lags.lags = dict.fromkeys(standby, module.STANDBY_READY_LAG + 1)
+    assert standbys_state() != "ready"
+    lags.lags = dict.fromkeys(standby, module.STANDBY_READY_LAG)
+    assert standbys_state() == "ready"
+    lags.lags = dict.fromkeys(standby, 10 * module.STANDBY_READY_LAG)  # a burst
+    assert standbys_state() == "ready"
+    # The roles change (a third member): the shards new to it are read first.
+    svc._members = sorted([svc.member, "another-member", "a-third"])
+    now = svc._roles(svc._members)[1]
+    assert now - standby, "a third member gives it a shard it did not stand by for"
+    svc.standby = now
+    lags.lags.update(dict.fromkeys(now - standby, 50_000))
+    assert standbys_state() == f"{len(now - standby)} standby shards still reading"
+    lags.lags.update(dict.fromkeys(now - standby, 0))
+    assert standbys_state() == "ready"
