@@ -48,6 +48,11 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs (next_fire_ms) WHERE next_fire_ms IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_dependent ON jobs (kind) WHERE kind = 'DEPENDENT';
 CREATE INDEX IF NOT EXISTS jobs_calendar ON jobs (calendar) WHERE calendar IS NOT NULL;
+-- What a takeover pages through (unreconciled, calendar_jobs): without these, each page
+-- scans the table (~40 ms each at 320,000 jobs, on the event loop, for every shard taken).
+CREATE INDEX IF NOT EXISTS jobs_unreconciled ON jobs (job_id)
+    WHERE st_offset IS NULL OR def_offset IS NULL OR st_offset != def_offset;
+CREATE INDEX IF NOT EXISTS jobs_calendar_named ON jobs (job_id) WHERE calendar IS NOT NULL;
 CREATE TABLE IF NOT EXISTS retries (
     execution_id TEXT PRIMARY KEY,
     due_ms INTEGER NOT NULL,

@@ -538,3 +538,23 @@ def test_a_scheduler_is_ready_once_the_shards_it_stands_by_for_are_warm() -> Non
     assert standbys_state() == f"{len(now - standby)} standby shards still reading"
     lags.lags.update(dict.fromkeys(now - standby, 0))
     assert standbys_state() == "ready"
+
+
+def test_a_shard_whose_term_ended_is_led_again_after_its_wait_or_once_the_members_change() -> None:
+    """A fenced leader waits a session before it leads the shard again (the members then
+    say who leads it) — unless the members change before that: the roles that give it the
+    shard are new then (a process fenced by one that joined gets its shards back at once
+    when that one leaves)."""
+    import time as clock
+
+    from cronstream.services.scheduler import service as module
+
+    svc = module.SchedulerService(SETTINGS, instance="s1")
+    svc._members = ["scheduler-s0", "scheduler-s1"]
+    assert svc._may_lead(3)
+    svc._retry_after[3] = (clock.monotonic() + 60, svc._members)
+    assert not svc._may_lead(3)
+    svc._members = ["scheduler-s1"]  # s0 left
+    assert svc._may_lead(3)
+    svc._retry_after[3] = (clock.monotonic() - 1, svc._members)  # the wait is over
+    assert svc._may_lead(3)
