@@ -87,11 +87,6 @@ STANDBY_READY_LAG = 10_000
 # otherwise hold every record read ahead of its leader, and the process keeps the memory
 # it peaked at (the heaps fragment).
 DEFINITIONS_BACKLOG = 20_000
-# glibc keeps the memory a process freed in its heaps, and a takeover or a standby's
-# catch-up frees a lot (batches of records read, parsed and committed): a process kept the
-# ~40 % of its RSS it peaked at for ever. Handed back to the system (malloc_trim, from a
-# thread) at once when the roles settle, and after a warm-up, a catch-up or a burst: RSS
-# looked at this often, trimmed when it grew by TRIM_GROWTH since the last trim.
 # librdkafka reads ahead up to queued.min.messages (100,000) or queued.max.messages.kbytes
 # (64 MiB) *per partition* (rdkafka_fetcher.c: the partition's fetch queue). A scheduler
 # process reads dozens of partitions (a standby shard's definitions, state and retries;
@@ -102,6 +97,11 @@ DEFINITIONS_BACKLOG = 20_000
 # again soon after it is read (librdkafka waits fetch.queue.backoff.ms, 1 s by default).
 READ_AHEAD = {"queued.min.messages": 5_000, "queued.max.messages.kbytes": 2_048,
               "fetch.queue.backoff.ms": 20}
+# glibc keeps the memory a process freed in its heaps, and a takeover or a standby's
+# catch-up frees a lot (batches of records read, parsed and committed): a process kept the
+# ~40 % of its RSS it peaked at for ever. Handed back to the system (malloc_trim, from a
+# thread) at once when the roles settle, and after a warm-up, a catch-up or a burst: RSS
+# looked at this often, trimmed when it grew by TRIM_GROWTH since the last trim.
 TRIM_SECONDS = 30.0
 TRIM_GROWTH = 32 * 2**20  # ...when RSS grew by this since the last trim
 
@@ -118,7 +118,8 @@ class SchedulerService:
         self.member = f"scheduler-{self.instance}"
         self.group = f"{self.topics.prefix}scheduler"
         self.health = Health(self.name)
-        # Ready once the group answered and every shard it leads has taken over.
+        # Ready once the group answered, every shard it leads has taken over and every
+        # shard it stands by for is warm (_check_standbys).
         self.health.require("membership")
         self.health.require("standbys")
         self.inbound = Inbound(self.name, self.topics)
@@ -381,9 +382,9 @@ class SchedulerService:
     async def _follow_leadership(self) -> None:
         """A term that failed ends; a fenced leader waits a session before trying again (by
         then the members say whether it still leads; sooner if they change: _may_lead), a
-        failed one a second — unless it
-        failed on a transaction whose outcome its replaced producer has settled (a broker
-        restart): then it takes the shard again at once, reading back what committed."""
+        failed one a second — unless it failed on a transaction whose outcome its replaced
+        producer has settled (a broker restart): then it takes the shard again at once,
+        reading back what committed."""
         for shard, leader in list(self.leaders.items()):
             if leader.active:
                 continue
