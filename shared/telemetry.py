@@ -304,8 +304,9 @@ def _traceparent_only(ctx: otel_context.Context | None = None) -> bool:
 def fresh_traces() -> Callable[[], Headers] | None:
     """A writer of the headers of new traces that nothing records, when the propagators
     write only a traceparent (the default): what `headers_of(root(...))` writes, without
-    a span object or the propagators' machinery (5 of a fire's ~15 µs). None when spans
-    are recorded or other propagators are configured: then `root` and `headers_of`."""
+    a span object or the propagators' machinery (per fire, on the scheduler's hot path).
+    None when spans are recorded or other propagators are configured: then `root` and
+    `headers_of`."""
     if recording() or not _traceparent_only():
         return None
     bits = random.getrandbits

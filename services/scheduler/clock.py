@@ -728,17 +728,21 @@ class Clock:
         self._plan_state(plan, job, next_ms, job.last_fire_ms, runs=job.runs,
                          calendar_offset=calendar_offset)
 
-    def prepare(self, job: JobClock) -> None:
+    def prepare(self, job: JobClock) -> bool:
         """Render a plain job's next fire and compute the one after it, ahead of its time
-        (the leader's prepare loop). May raise: the job is suspended when it is due."""
+        (the leader's prepare loop); True when there was anything to do. May raise: the
+        job is suspended when it is due."""
         due_ms = job.next_fire_ms
-        if due_ms is None or (job._ready is not None and job._ready[0] == due_ms):
-            return
+        if job._ready is not None and job._ready[0] == due_ms:
+            return False
+        fresh = job._fragments is None
         job.fragments()
         definition = job.definition
-        if definition.calendar is not None or definition.max_runs is not None or definition.jitter_seconds:
-            return
+        if due_ms is None or definition.calendar is not None or definition.max_runs is not None \
+                or definition.jitter_seconds:
+            return fresh  # parsed and rendered once; its fires are computed when due
         job._ready = (due_ms, render_due(job, due_ms), self._following(definition, due_ms))
+        return True
 
     @staticmethod
     def _following(definition: JobDefinition, after_ms: int) -> int | None:

@@ -479,9 +479,11 @@ class ShardLeader:
         while self._active:
             prepared = 0
             for job in list(self.clock.jobs.values()):
-                if job._ready is None or job._ready[0] != job.next_fire_ms:
-                    with contextlib.suppress(Exception):  # a bad one is suspended when due
-                        self.clock.prepare(job)
+                try:
+                    done = self.clock.prepare(job)
+                except Exception:  # a bad one is suspended when due
+                    done = True
+                if done:
                     prepared += 1
                     if prepared % PREPARE_PER_PASS == 0:
                         await asyncio.sleep(0)
