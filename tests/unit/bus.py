@@ -301,8 +301,10 @@ class MemoryConsumerThread:
     async def offsets_for_times(self, partitions: Sequence[TopicPartition],
                                 timeout: float = -1) -> list[TopicPartition]:
         """For each partition (its `offset` a time in epoch ms): the first record stamped
-        at or after it, or -1 (the end) where none is."""
+        at or after it, or -1 (the end) where none is; for -1 (Kafka's "latest"), the end."""
         def first_since(tp: TopicPartition) -> int:
+            if tp.offset == -1:
+                return self.bus.end(tp.topic, tp.partition)
             return next((position(m)[2] for m in self.bus.logs.get((tp.topic, tp.partition), [])
                          if m.timestamp()[1] >= tp.offset), -1)
 

@@ -544,17 +544,24 @@ def test_a_shard_whose_term_ended_is_led_again_after_its_wait_or_once_the_member
     """A fenced leader waits a session before it leads the shard again (the members then
     say who leads it) — unless the members change before that: the roles that give it the
     shard are new then (a process fenced by one that joined gets its shards back at once
-    when that one leaves)."""
+    when that one leaves, even fenced before it saw that one join)."""
     import time as clock
 
     from cronstream.services.scheduler import service as module
 
     svc = module.SchedulerService(SETTINGS, instance="s1")
-    svc._members = ["scheduler-s0", "scheduler-s1"]
+    svc._members_seen(["scheduler-s0", "scheduler-s1"])
     assert svc._may_lead(3)
-    svc._retry_after[3] = (clock.monotonic() + 60, svc._members)
+    svc._retry_after[3] = (clock.monotonic() + 60, svc._member_changes)
     assert not svc._may_lead(3)
-    svc._members = ["scheduler-s1"]  # s0 left
+    svc._members_seen(["scheduler-s1"])  # s0 left
     assert svc._may_lead(3)
-    svc._retry_after[3] = (clock.monotonic() - 1, svc._members)  # the wait is over
+    svc._retry_after[3] = (clock.monotonic() - 1, svc._member_changes)  # the wait is over
+    assert svc._may_lead(3)
+
+    # Fenced by s0, which joined again before this process saw it join: it sees s0 join,
+    # then leave — the members it knew when fenced, changed twice since.
+    svc._retry_after[3] = (clock.monotonic() + 60, svc._member_changes)
+    svc._members_seen(["scheduler-s0", "scheduler-s1"])
+    svc._members_seen(["scheduler-s1"])
     assert svc._may_lead(3)
