@@ -98,7 +98,7 @@ PREPARE_PER_PASS = 2_000
 # after it (follower.py: hold), leaving the CPU to the rounds that follow.
 BURST_FIRES = 1_000
 BURST_HOLD_SECONDS = 0.3
-# Handing a shard over (SIGTERM), its leader's last round commits the ALLOW jobs' fires
+# Handing a shard over (a SIGTERM, a move), its leader's last round commits the ALLOW jobs' fires
 # due within this much: the standby takes over meanwhile. A takeover at a million jobs
 # took a little over a second (issue 55: the latest fire 1,155 ms late with 1,000); the
 # workers hold a record at most HOLD_AT_MOST_SECONDS (2 s) before its time, which leaves
@@ -199,8 +199,9 @@ class ShardLeader:
 
     async def stop(self, hand_over: bool = False) -> None:
         """Stop acting: after this returns no transaction of this term is in flight. Handing
-        over (SIGTERM), a last round first commits what is due, and the ALLOW jobs' fires
-        of the next HAND_OVER_AHEAD_MS, which the workers start at their time."""
+        over (a SIGTERM, or the roles move the shard), a last round first commits what is
+        due, and the ALLOW jobs' fires of the next HAND_OVER_AHEAD_MS, which the workers
+        start at their time."""
         if hand_over and self.active and self.ready.is_set():
             with contextlib.suppress(Exception):
                 await self._round(time_ms(), ahead_ms=HAND_OVER_AHEAD_MS)

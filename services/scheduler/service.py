@@ -339,8 +339,11 @@ class SchedulerService:
         and keep warm what it stands by for."""
         assert self._follower is not None
         leads, standby = self._roles(self._members) if self.member in self._members else (set(), set())
-        for shard in sorted(set(self.leaders) - leads):
-            await self._stop_leader(shard, "moved")
+        # A shard the roles move to another process is handed over as at a SIGTERM: a
+        # member that joins or leaves moves a few shards between the others too (10M: the
+        # fires of two such shards 1.3 s late, the new leader 0.4 s behind the old).
+        await asyncio.gather(*(self._stop_leader(shard, "moved", hand_over=True)
+                               for shard in sorted(set(self.leaders) - leads)))
         for shard in sorted(leads - set(self.leaders)):
             if self._may_lead(shard):
                 await self._start_leader(shard)
@@ -377,11 +380,11 @@ class SchedulerService:
         log(logger, "leader_elected", instance=self.instance, shard=shard)
         leader.start()
 
-    async def _stop_leader(self, shard: int, reason: str) -> None:
+    async def _stop_leader(self, shard: int, reason: str, hand_over: bool = False) -> None:
         leader = self.leaders.pop(shard, None)
         if leader is None:
             return
-        await leader.stop()
+        await leader.stop(hand_over=hand_over)
         assert self._follower is not None
         self._follower.forget(shard)
         log(logger, "leader_stepped_down", instance=self.instance, shard=shard, reason=reason)

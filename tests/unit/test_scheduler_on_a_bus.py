@@ -565,3 +565,42 @@ def test_a_shard_whose_term_ended_is_led_again_after_its_wait_or_once_the_member
     svc._members_seen(["scheduler-s0", "scheduler-s1"])
     svc._members_seen(["scheduler-s1"])
     assert svc._may_lead(3)
+
+
+def test_a_shard_the_roles_move_elsewhere_is_handed_over_as_at_a_sigterm() -> None:
+    """A member that joins or leaves moves a few shards between the processes that stay:
+    each leader such a move takes away stops after a last round that commits the next
+    HAND_OVER_AHEAD_MS of fires (as at a SIGTERM), all at once, not one after another."""
+    from cronstream.services.scheduler import service as module
+
+    stops: list[tuple[int, bool]] = []
+    both_stopping = asyncio.Event()
+
+    class Leading:
+        def __init__(self, shard: int) -> None:
+            self.shard = shard
+
+        async def stop(self, hand_over: bool = False) -> None:
+            stops.append((self.shard, hand_over))
+            if len(stops) == 2:
+                both_stopping.set()
+            await asyncio.wait_for(both_stopping.wait(), 5)  # one after another: times out
+
+    class Forgets:
+        def forget(self, shard: int) -> None:
+            pass
+
+        def follow(self, shard: int, store: Any, role: str) -> None:
+            pass
+
+    svc = module.SchedulerService(SETTINGS, instance="s1")
+    svc._follower = cast(Any, Forgets())
+    svc.shards = SETTINGS.scheduler_shards
+    # The members as this process sees them once it is out of the group: its roles are none.
+    svc._members_seen(["scheduler-s0", "scheduler-s2"])
+    moved = [1, 3]
+    svc.leaders = {shard: cast(Any, Leading(shard)) for shard in moved}
+
+    asyncio.run(svc._follow_roles())
+    assert sorted(stops) == [(shard, True) for shard in moved]
+    assert svc.leaders == {}
