@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INFRA_RECORD := $(VENV)/.infra-started-by-make
 
 .DEFAULT_GOAL := help
-.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench bench-side-by-side lint schemas reference dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
+.PHONY: help install chromium promtool pyright tools dev test test-unit test-integration test-e2e test-image bench bench-side-by-side bench-shards lint schemas reference dashboards infra-up infra-down clean ui-screenshots chaos chaos-short
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -102,6 +102,11 @@ bench-side-by-side: install ## This tree against BEFORE=<a checkout with its .ve
 	@test -n "$(BEFORE)" || { echo "BEFORE=<path of a checkout of the tree before, with its .venv>"; exit 2; }
 	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
 	@status=0; BENCH_BEFORE_TREE=$(BEFORE) $(BIN)/python -m bench.side_by_side || status=$$?; \
+	$(BIN)/python -m bench.report; $(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
+
+bench-shards: install ## The clock in shards at 1M and 10M definitions (bench/shards.py; ~35 min)
+	@$(BIN)/cronstream infra up --record $(INFRA_RECORD)
+	@status=0; for n in 1000000 10000000; do BENCH_DEFINITIONS=$$n $(BIN)/python -m bench.shards || status=$$?; done; \
 	$(BIN)/python -m bench.report; $(BIN)/cronstream infra down --recorded $(INFRA_RECORD); exit $$status
 
 lint: install ## ruff and mypy

@@ -8,7 +8,7 @@ import traceback
 
 BENCHMARKS = ["bench.e2e_throughput", "bench.transactions", "bench.scheduler", "bench.worker",
               "bench.retries", "bench.monitor", "bench.records", "bench.hot_path", "bench.ui",
-              "bench.dashboards", "bench.triggers"]
+              "bench.dashboards", "bench.triggers", "bench.shards"]
 
 
 def main() -> int:
