@@ -28,15 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from cronstream.services.scheduler.store import ShardStore
 from cronstream.shared.codec import decode_key
 from cronstream.shared.inbound import SKIP, Inbound
 from cronstream.shared.kafka.config import OFFSET_BEGINNING
 from cronstream.shared.kafka.consumer import ConsumerThread, OnLane
-from cronstream.shared.kafka.errors import settled
-from cronstream.shared.kafka.reading import position, record_time_ms
+from cronstream.shared.kafka.reading import ends, position, record_time_ms
 from cronstream.shared.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -47,8 +46,6 @@ BATCH = 10_000
 # for it (0.2 s before: two calls a shard, behind the polls, made a takeover's tail of a
 # few records take 0.7 to 1.6 s).
 IDLE_POLL_SECONDS = 0.05
-# The `offsets_for_times` timestamp that asks for a partition's latest offset.
-LATEST = -1
 # A hold lasts at most this long in a row; then one batch is read before the next.
 HOLD_AT_MOST_SECONDS = 1.0
 
@@ -173,29 +170,18 @@ class Follower:
 
     async def _ask_ends(self) -> None:
         """The ends of the partitions every waiting takeover must reach, in one request
-        (a process given a stopped one's shards takes them over all at once; a request per
-        partition, each behind a poll, made a tail of a few records take 0.2 to 0.9 s).
-        The latest offset a read_committed reader is given: the end of what committed."""
+        (a process given a stopped one's shards takes them over all at once)."""
         asks, self._asks = self._asks, []
-        wanted = [TopicPartition(topic, f.shard, LATEST) for f, _ in asks for topic in self._topics(f.role)]
-
-        async def ask() -> list[TopicPartition]:
-            found = await self.reader.offsets_for_times(wanted)
-            for tp in found:
-                if tp.error is not None:
-                    raise KafkaException(tp.error)
-            return found
-
         try:
-            found = await settled(ask, "ends of the shards taken over")
+            now = await ends(self.reader, [TopicPartition(topic, f.shard)
+                                           for f, _ in asks for topic in self._topics(f.role)])
         except Exception as exc:
             for _f, asked in asks:
                 if not asked.done():
                     asked.set_exception(exc)
             return
-        ends = {(tp.topic, tp.partition): tp.offset for tp in found}
         for f, asked in asks:
-            f.ends = {topic: ends[(topic, f.shard)] for topic in self._topics(f.role)}
+            f.ends = {topic: now[(topic, f.shard)] for topic in self._topics(f.role)}
             if not asked.done():
                 asked.set_result(None)
 
