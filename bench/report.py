@@ -196,7 +196,21 @@ def _triggers(result: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-def _e2e(e2e: dict[str, Any]) -> list[str]:
+def _earlier_part(earlier: list[str], heading: str) -> list[str]:
+    """A part (`### heading`) of the end-to-end section as the file held it, for a run of
+    the programme that left it out (`BENCH_PARTS`): it stays, with the date it was measured."""
+    part = _carried("\n".join(earlier), heading)
+    if not part:
+        return []
+    when = next((line.split("measured ", 1)[1].rstrip(")") for line in earlier[:1]
+                 if "measured " in line), "?")
+    note = f"Measured {when}, in an earlier run of the programme (not re-run with the rest of this section)."
+    return part if len(part) > 2 and part[2].startswith("Measured ") else [part[0], "", note, *part[1:]]
+
+
+def _e2e(e2e: dict[str, Any], earlier: list[str]) -> list[str]:
+    """The end-to-end section; the parts this result lacks are carried from `earlier` (the
+    section as the file held it)."""
     out = [f"## End to end (`bench/e2e_throughput.py`, measured {e2e.get('at', '?')})", "",
            "Two workers, everything on this machine: Kafka, PostgreSQL, all services. Each run "
            "is a fresh system; completions counted by `completed_at` inside the window; CPU of "
@@ -207,6 +221,8 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
                 RUN_HEAD]
         out += [_run_row(f"--concurrency {f['worker_concurrency']}", f) for f in e2e["matrix"]]
         out.append("")
+    else:
+        out += _earlier_part(earlier, "### The matrix")
     sleeper = e2e.get("sleeper_20ms_default_concurrency")
     if sleeper:
         limit = _n(sleeper["physical_limit_per_second"])
@@ -214,6 +230,8 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
         out += ["### A handler that sleeps 20 ms, at the default concurrency", "", RUN_HEAD,
                 _run_row("bench.sleep20, --concurrency 8", sleeper), "",
                 f"Physical limit: 2 workers × 8 slots / 20 ms = {limit}/s; reached {reached} %.", ""]
+    else:
+        out += _earlier_part(earlier, "### A handler that sleeps")
     if "search" in e2e:
         ceiling = ceiling_of(e2e["search"])
         out += ["### The ceiling (`--concurrency` 64)", "",
@@ -240,6 +258,8 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
             kept = _n(100 * e2e["overload_2x"]["completions_vs_ceiling"], 1)
             out += ["", f"Twice the ceiling completes {kept} % of the ceiling's rate (executed)."]
         out.append("")
+    else:
+        out += _earlier_part(earlier, "### The ceiling")
     logs = e2e.get("logs_1000")
     if logs:
         chatty = logs["ten_lines"].get("log_lines") or {}
@@ -250,10 +270,14 @@ def _e2e(e2e: dict[str, Any]) -> list[str]:
                 f"CPU per line (machine, the difference ÷ 10): {_n(logs['cpu_us_per_line'], 1)} µs; "
                 f"{_n(chatty.get('per_second'))} lines/s; delay from `print` to readable "
                 f"(`cronstream logs -f`) p50 {_n(delay.get('p50'))} ms, p99 {_n(delay.get('p99'))} ms.", ""]
+    else:
+        out += _earlier_part(earlier, "### Execution logs")
     if e2e.get("tracing_on_3000"):
         out += ["### Tracing (3,000/s, `--concurrency` 64)", "", RUN_HEAD,
                 _run_row("no exporter (default)", e2e["tracing_off_3000"]),
                 _run_row("every span exported", e2e["tracing_on_3000"]), ""]
+    else:
+        out += _earlier_part(earlier, "### Tracing")
     if e2e.get("runs"):
         out += ["### Runs asked for by BENCH_RATES", "", RUN_HEAD]
         out += [_run_row(f"{f['handler']}, --concurrency {f['worker_concurrency']}", f) for f in e2e["runs"]]
@@ -282,8 +306,24 @@ def _side_by_side(pairs: dict[str, Any]) -> list[str]:
                        f"{_n(f['completed_per_second'], 1)} | {_lag(f)} | {_n(lag['p50'])} | "
                        f"{_n(lag['p99'])} | {_n(f['cpu_us_per_execution']['total'], 1)} | "
                        f"{_n(f['kafka_transactions_per_second'])} | {_partitions(f)} |")
+    out += ["", "Where the CPU per execution differs (after − before, µs, by process, "
+            "largest first):", ""]
+    for cell in pairs["cells"]:
+        label = (f"{cell['handler']}, --concurrency {cell['concurrency']}, "
+                 f"{_n(cell['offered_per_second'])}/s")
+        out.append(f"- {label}: {_cpu_difference(cell['before'], cell['after'])}")
     out.append("")
     return out
+
+
+def _cpu_difference(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The change in CPU per execution, in total and by process, largest first."""
+    b, a = before["cpu_us_per_execution"], after["cpu_us_per_execution"]
+    total = a["total"] - b["total"]
+    parts = sorted(((name, a[name] - b.get(name, 0.0)) for name in a if name != "total"),
+                   key=lambda item: -abs(item[1]))
+    return (f"{total:+,.1f} ({100 * total / b['total']:+.1f} %); "
+            + ", ".join(f"{name} {diff:+,.1f}" for name, diff in parts))
 
 
 # The single-leader clock of an independent benchmark (issue 55), before the shards: 1M
@@ -395,7 +435,8 @@ def render() -> str:
     previous = DOCS.read_text() if DOCS.exists() else ""
     lines += [*_earlier_machines(previous, _machine()), ""]
     e2e = _load("e2e_throughput")
-    lines += _e2e(e2e) if e2e else _carried(previous, "## End to end")
+    earlier_e2e = _carried(previous, "## End to end")
+    lines += _e2e(e2e, earlier_e2e) if e2e else earlier_e2e
     pairs = _load("side_by_side")
     lines += _side_by_side(pairs) if pairs else _carried(previous, "## Side by side")
     flow = _load("e2e_flow")

@@ -125,3 +125,34 @@ def test_an_old_result_without_the_lag_is_shown_as_not_measured_and_holds_no_cei
     assert "The search's own verdict, by the rule it ran under, was 7,000/s" in text
     row = next(line for line in text.splitlines() if line.startswith("| search"))
     assert "| 7,000 | – | 7,000 | – |" in row
+
+
+def test_a_run_of_some_parts_keeps_the_others_as_the_file_held_them_with_their_date(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("\n".join([
+        "# Benchmarks", "", "## End to end (`bench/e2e_throughput.py`, measured 2026-12-05T04:58:16Z)", "",
+        "### A handler that sleeps 20 ms, at the default concurrency", "", "| sleeper row |", "",
+        "### The ceiling (`--concurrency` 64)", "", "**Ceiling: 7,000/s.**", "",
+        "### Execution logs (pool handlers, 1,000/s, `--concurrency` 64)", "", "| logs row |", "",
+        "## Side by side", ""]))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "e2e_throughput.json").write_text(json.dumps(
+        {"at": "2026-12-08T01:00:00Z", "search": [run(5000, lag=2.2), run(6000, lag=14.5)]}))
+    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report, "DOCS", docs)
+    text = report.render()
+    assert "measured 2026-12-08T01:00:00Z" in text
+    assert "**Ceiling: 5,000/s" in text and "7,000/s" not in text  # the new search replaces the old
+    note = "Measured 2026-12-05T04:58:16Z, in an earlier run of the programme"
+    for part, row in (("### A handler that sleeps", "| sleeper row |"), ("### Execution logs", "| logs row |")):
+        lines = text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(part))
+        assert lines[at + 2].startswith(note) and row in lines[at + 3:at + 6]
+    # Carried again by a later run of other parts: the date stays the one it was measured on.
+    docs.write_text(text)
+    (results / "e2e_throughput.json").write_text(json.dumps(
+        {"at": "2026-12-09T01:00:00Z", "search": [run(5000, lag=2.2)]}))
+    again = report.render()
+    assert again.count(note) == 2 and "2026-12-09T01:00:00Z, in an earlier" not in again
