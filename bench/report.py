@@ -289,6 +289,7 @@ def _side_by_side(pairs: dict[str, Any]) -> list[str]:
     """The tree before a change against this one, cell by cell (`bench/side_by_side.py`)."""
     out = [f"## Side by side: {pairs['before_commit']} (before) and {pairs['after_commit']} "
            f"(`bench/side_by_side.py`, measured {pairs.get('at', '?')})", "",
+           *([pairs["note"], ""] if pairs.get("note") else []),
            f"The same cells run in both trees, alternating, on the same servers "
            f"({pairs['window_seconds']} s windows; no-op handlers inline, bench.echo in the "
            "process pool).", "",
@@ -397,6 +398,16 @@ def _carried(previous: str, heading: str) -> list[str]:
     return []
 
 
+def _carried_all(previous: str, heading: str) -> list[str]:
+    """Every section of the file whose heading starts with `heading`, as it stood."""
+    out: list[str] = []
+    rest = previous
+    while (part := _carried(rest, heading)):
+        out += part
+        rest = rest.split(part[0], 1)[1]
+    return out
+
+
 def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict):
         return [item for k, v in value.items() if k not in ("machine", "benchmark", "at")
@@ -415,8 +426,8 @@ def _others(previous: str) -> list[str]:
         if line.startswith("### ") and stem not in present:
             out += _carried(before, f"### {stem} ")
     for path in sorted(RESULTS.glob("*.json")):
-        if path.stem in ("e2e_throughput", "e2e_flow", "side_by_side", "triggers") \
-                or path.stem.startswith("shards_"):
+        if path.stem in ("e2e_throughput", "e2e_flow", "triggers") \
+                or path.stem.startswith(("shards_", "side_by_side")):
             continue
         data = json.loads(path.read_text())
         figures = _flat(data)[:24]
@@ -437,8 +448,12 @@ def render() -> str:
     e2e = _load("e2e_throughput")
     earlier_e2e = _carried(previous, "## End to end")
     lines += _e2e(e2e, earlier_e2e) if e2e else earlier_e2e
-    pairs = _load("side_by_side")
-    lines += _side_by_side(pairs) if pairs else _carried(previous, "## Side by side")
+    pairs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("side_by_side*.json"))]
+    if pairs:
+        for pair in sorted(pairs, key=lambda r: str(r.get("at"))):
+            lines += _side_by_side(pair)
+    else:
+        lines += _carried_all(previous, "## Side by side")
     flow = _load("e2e_flow")
     lines += _flow(flow.get("flow"), flow.get("at")) if flow else _carried(previous, "## Flow control")
     triggers = _load("triggers")

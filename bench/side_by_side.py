@@ -4,6 +4,11 @@ on the same machine and the same servers: what "within noise of before" rests on
     git worktree add /work/before <commit> && (cd /work/before && make install)
     BENCH_BEFORE_TREE=/work/before python -m bench.side_by_side   # make bench-side-by-side
 
+The tree after is this one, or BENCH_AFTER_TREE (another checkout with its .venv: a
+commit between, to tell which change a difference comes from); a pair of trees is a
+section of its own in docs/benchmarks.md (bench/results/side_by_side[_<after>].json), with
+BENCH_NOTE (what the pair compares) under its heading.
+
 Each cell runs `python -m bench.e2e_throughput` for one rate in each tree (before first,
 then this one), each with its own virtualenv, 30 s windows (BENCH_SECONDS): each tree's
 own benchmark, so a tree older than the projection's lag sampling (bench/lag.py) reports
@@ -57,6 +62,10 @@ def main() -> None:
     if not before_dir or not (Path(before_dir) / ".venv" / "bin" / "python").exists():
         sys.exit("BENCH_BEFORE_TREE must name a checkout with its own .venv (see this module's doc)")
     before = Path(before_dir).resolve()
+    after_dir = os.environ.get("BENCH_AFTER_TREE")
+    if after_dir and not (Path(after_dir) / ".venv" / "bin" / "python").exists():
+        sys.exit("BENCH_AFTER_TREE must name a checkout with its own .venv")
+    after = Path(after_dir).resolve() if after_dir else HERE
     seconds = os.environ.get("BENCH_SECONDS", "30")
     cells = []
     for cell in os.environ.get("BENCH_CELLS", CELLS).split(","):
@@ -64,15 +73,17 @@ def main() -> None:
         concurrency, rate = (int(x) for x in shape.split("x"))
         handler = handler or "noop"
         pair = {"before": _run(before, concurrency, rate, handler, seconds),
-                "after": _run(HERE, concurrency, rate, handler, seconds)}
+                "after": _run(after, concurrency, rate, handler, seconds)}
         cells.append({"concurrency": concurrency, "offered_per_second": rate, "handler": handler, **pair})
         print(f"{cell}: " + "; ".join(
             f"{name} {r['completed_per_second']:.1f}/s (shown {r.get('shown_per_second', '–')}/s) "
             f"p99 {r['start_lag_ms']['p99']:.0f} ms, projection lag max "
             f"{(r.get('projection_lag') or {}).get('seconds', {}).get('max', '–')} s, "
             f"{r['cpu_us_per_execution']['total']:.1f} µs" for name, r in pair.items()), flush=True)
-    write_result("side_by_side", {"before_commit": _commit(before), "after_commit": _commit(HERE),
-                                  "window_seconds": int(seconds), "cells": cells})
+    name = "side_by_side" if after == HERE else f"side_by_side_{_commit(after)}"
+    write_result(name, {"before_commit": _commit(before), "after_commit": _commit(after),
+                        "window_seconds": int(seconds), "cells": cells,
+                        "note": os.environ.get("BENCH_NOTE", "")})
 
 
 if __name__ == "__main__":

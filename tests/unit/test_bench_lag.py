@@ -156,3 +156,35 @@ def test_a_run_of_some_parts_keeps_the_others_as_the_file_held_them_with_their_d
         {"at": "2026-12-09T01:00:00Z", "search": [run(5000, lag=2.2)]}))
     again = report.render()
     assert again.count(note) == 2 and "2026-12-09T01:00:00Z, in an earlier" not in again
+
+
+def test_each_pair_of_trees_is_a_section_with_where_its_cpu_differs_and_stays_when_not_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n")
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def cell(before_cpu: dict[str, float], after_cpu: dict[str, float]) -> dict[str, Any]:
+        return {"concurrency": 64, "offered_per_second": 3000, "handler": "noop",
+                "before": run(3000, lag=None, cpu_us_per_execution=before_cpu),
+                "after": run(3000, lag=1.0, cpu_us_per_execution=after_cpu)}
+
+    for name, after, at, note in (("side_by_side", "b326734", "2026-12-08T00:42:48Z", "main today"),
+                                  ("side_by_side_702bfd7", "702bfd7", "2026-12-08T01:30:00Z", "issue 54's items")):
+        (results / f"{name}.json").write_text(json.dumps({
+            "at": at, "before_commit": "4240ad3", "after_commit": after, "window_seconds": 30,
+            "note": note, "cells": [cell({"total": 500.0, "scheduler": 50.0, "kafka": 85.0},
+                                         {"total": 630.0, "scheduler": 96.0, "kafka": 137.0})]}))
+    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report, "DOCS", docs)
+    text = report.render()
+    headings = [line for line in text.splitlines() if line.startswith("## Side by side")]
+    assert [h.split(" (`")[0] for h in headings] == ["## Side by side: 4240ad3 (before) and b326734",
+                                                    "## Side by side: 4240ad3 (before) and 702bfd7"]
+    assert "\nmain today\n" in text and "\nissue 54's items\n" in text
+    assert text.count("- noop, --concurrency 64, 3,000/s: +130.0 (+26.0 %); kafka +52.0, scheduler +46.0") == 2
+    docs.write_text(text)
+    for path in results.glob("side_by_side*.json"):
+        path.unlink()
+    assert [line for line in report.render().splitlines() if line.startswith("## Side by side")] == headings
