@@ -398,13 +398,26 @@ def _carried(previous: str, heading: str) -> list[str]:
     return []
 
 
-def _carried_all(previous: str, heading: str) -> list[str]:
+def _carried_all(previous: str, heading: str) -> list[list[str]]:
     """Every section of the file whose heading starts with `heading`, as it stood."""
-    out: list[str] = []
+    out: list[list[str]] = []
     rest = previous
     while (part := _carried(rest, heading)):
-        out += part
+        out.append(part)
         rest = rest.split(part[0], 1)[1]
+    return out
+
+
+def _pairs(previous: str) -> list[str]:
+    """A section per pair of trees side by side: those with a result now, and those the
+    file held for other pairs (measured earlier, their results gone)."""
+    pairs = sorted((json.loads(p.read_text()) for p in RESULTS.glob("side_by_side*.json")),
+                   key=lambda r: str(r.get("at")))
+    out = [line for pair in pairs for line in _side_by_side(pair)]
+    now = {f"## Side by side: {r['before_commit']} (before) and {r['after_commit']} " for r in pairs}
+    for section in _carried_all(previous, "## Side by side"):
+        if not any(section[0].startswith(head) for head in now):
+            out += section
     return out
 
 
@@ -448,12 +461,7 @@ def render() -> str:
     e2e = _load("e2e_throughput")
     earlier_e2e = _carried(previous, "## End to end")
     lines += _e2e(e2e, earlier_e2e) if e2e else earlier_e2e
-    pairs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("side_by_side*.json"))]
-    if pairs:
-        for pair in sorted(pairs, key=lambda r: str(r.get("at"))):
-            lines += _side_by_side(pair)
-    else:
-        lines += _carried_all(previous, "## Side by side")
+    lines += _pairs(previous)
     flow = _load("e2e_flow")
     lines += _flow(flow.get("flow"), flow.get("at")) if flow else _carried(previous, "## Flow control")
     triggers = _load("triggers")

@@ -185,6 +185,9 @@ def test_each_pair_of_trees_is_a_section_with_where_its_cpu_differs_and_stays_wh
     assert "\nmain today\n" in text and "\nissue 54's items\n" in text
     assert text.count("- noop, --concurrency 64, 3,000/s: +130.0 (+26.0 %); kafka +52.0, scheduler +46.0") == 2
     docs.write_text(text)
+    (results / "side_by_side.json").unlink()  # one pair re-run, the other's result gone
+    assert [line for line in report.render().splitlines() if line.startswith("## Side by side")] == [
+        headings[1], headings[0]]
     for path in results.glob("side_by_side*.json"):
         path.unlink()
     assert [line for line in report.render().splitlines() if line.startswith("## Side by side")] == headings
