@@ -298,8 +298,7 @@ def _side_by_side(pairs: dict[str, Any]) -> list[str]:
            "Kafka transactions/s | broker partitions (this run's) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in pairs["cells"]:
-        label = (f"{cell['handler']}, --concurrency {cell['concurrency']}, "
-                 f"{_n(cell['offered_per_second'])}/s")
+        label = _cell_label(cell)
         for tree in ("before", "after"):
             f = cell[tree]
             lag = f["start_lag_ms"]
@@ -310,11 +309,13 @@ def _side_by_side(pairs: dict[str, Any]) -> list[str]:
     out += ["", "Where the CPU per execution differs (after − before, µs, by process, "
             "largest first):", ""]
     for cell in pairs["cells"]:
-        label = (f"{cell['handler']}, --concurrency {cell['concurrency']}, "
-                 f"{_n(cell['offered_per_second'])}/s")
-        out.append(f"- {label}: {_cpu_difference(cell['before'], cell['after'])}")
+        out.append(f"- {_cell_label(cell)}: {_cpu_difference(cell['before'], cell['after'])}")
     out.append("")
     return out
+
+
+def _cell_label(cell: dict[str, Any]) -> str:
+    return f"{cell['handler']}, --concurrency {cell['concurrency']}, {_n(cell['offered_per_second'])}/s"
 
 
 def _cpu_difference(before: dict[str, Any], after: dict[str, Any]) -> str:
